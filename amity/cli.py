@@ -1,0 +1,59 @@
+"""The `amity` command line: `amity generate`, `amity serve`."""
+
+import argparse
+import logging
+import sys
+
+from amity.config import EngineConfig, ServerConfig, add_arguments, from_namespace
+
+
+def _generate(args: argparse.Namespace) -> None:
+    from amity.engine.llm_engine import LLMEngine
+    from amity.engine.sampling_params import SamplingParams
+
+    engine = LLMEngine(from_namespace(EngineConfig, args))
+    prompt = args.prompt
+    if args.chat:
+        prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed,
+                            top_p=args.top_p, top_k=args.top_k)
+    [final] = engine.generate([prompt], params)
+    sys.stdout.write(final.ordered_choices[0].text + "\n")
+
+
+def _serve(args: argparse.Namespace) -> None:
+    from amity.server.main import serve
+
+    serve(from_namespace(EngineConfig, args), from_namespace(ServerConfig, args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="amity", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    gen = commands.add_parser("generate", help="print a completion of a prompt")
+    gen.add_argument("prompt")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    add_arguments(gen, EngineConfig)
+    gen.set_defaults(func=_generate)
+
+    srv = commands.add_parser("serve", help="serve the Friendli Container API")
+    add_arguments(srv, EngineConfig)
+    add_arguments(srv, ServerConfig)
+    srv.set_defaults(func=_serve)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

