@@ -51,8 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
-    args.func(args)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except (FileNotFoundError, ValueError) as error:  # a bad model path or option: say so plainly
+        parser.exit(2, f"amity: error: {error}\n")
 
 
 if __name__ == "__main__":
