@@ -289,7 +289,9 @@ class LLMEngine:
         finished = all(r.is_finished for r in group)
         first = group[0]
         output = RequestOutput(request_id=group_id, outputs=outs, num_prompt_tokens=first.num_prompt_tokens,
-                               num_cached_tokens=sum(r.num_cached_tokens or 0 for r in group),
+                               # The prompt is computed once per request; siblings sharing
+                               # its blocks are not cache hits from the user's view.
+                               num_cached_tokens=first.num_cached_tokens or 0,
                                finished=finished)
         if finished:
             for request in self.groups.pop(group_id):

@@ -1,0 +1,249 @@
+"""POST /v1/messages: the Anthropic Messages format over the same chat machinery.
+
+Anthropic blocks become chat-template messages (tool results become `tool` turns,
+`tool_use` blocks become `tool_calls`, `thinking` becomes `reasoning_content`), the
+output is split by the same `ChoiceParser` as chat, and its pieces become content
+blocks. Errors use `MessagesErrorResponse` (see app.py).
+"""
+
+import json
+
+from fastapi import APIRouter, Request
+
+from amity.server import chat_prompt, protocol
+from amity.server import messages_schemas as m
+from amity.server.app import ServerState, state_of
+from amity.server.chat_output import ChoiceParser, ToolCall
+from amity.server.generation import Generation, new_id, run_unless_disconnected
+from amity.server.protocol import InvalidRequest
+from amity.server.routes.chat import choice_events
+from amity.server.routes.completions import start_generation
+from amity.server.schemas import MessagesErrorResponse
+from amity.server.sse import SSEResponse, event_frame
+
+router = APIRouter()
+
+STREAM_DOC = {
+    "content": {"text/event-stream": {}},
+    "description": "With `stream: true`: message_start, content_block_start, "
+                   "content_block_delta, content_block_stop, message_delta, message_stop.",
+}
+
+
+def _tool_result_text(block: m.ToolResultBlock) -> str:
+    if block.content is None or isinstance(block.content, str):
+        return block.content or ""
+    return "\n".join(b.get("text", "") if b.get("type") == "text" else json.dumps(b)
+                     for b in block.content)
+
+
+def chat_messages(body: m.MessagesBody) -> list[dict]:
+    out = []
+    if body.system:
+        system = body.system if isinstance(body.system, str) else "\n".join(b.text for b in body.system)
+        out.append({"role": "system", "content": system})
+    for i, msg in enumerate(body.messages):
+        if isinstance(msg.content, str):
+            out.append({"role": msg.role, "content": msg.content})
+            continue
+        texts, calls, thinking, results = [], [], [], []
+        for j, block in enumerate(msg.content):
+            if isinstance(block, m.TextBlock):
+                texts.append(block.text)
+            elif isinstance(block, m.ImageBlock):
+                raise InvalidRequest(
+                    "this model reads text only and cannot take an 'image' block; send text",
+                    ["messages", i, "content", j, "type"], type="not_supported")
+            elif isinstance(block, m.ToolUseBlock):
+                calls.append({"id": block.id or new_id("toolu"), "type": "function",
+                              "function": {"name": block.name, "arguments": block.input}})
+            elif isinstance(block, m.ToolResultBlock):
+                results.append({"role": "tool", "tool_call_id": block.tool_use_id,
+                                "content": _tool_result_text(block)})
+            elif isinstance(block, m.ThinkingBlock):
+                thinking.append(block.thinking)
+        # Anthropic puts tool results inside the user turn; templates expect `tool` turns
+        # right after the assistant's calls, before any new user text.
+        out.extend(results)
+        if texts or calls or not results:
+            d = {"role": msg.role, "content": "\n".join(texts)}
+            if calls:
+                d["tool_calls"] = calls
+            if thinking:
+                d["reasoning_content"] = "\n".join(thinking)
+            out.append(d)
+    return out
+
+
+def translate(body: m.MessagesBody, state: ServerState):
+    choice = body.tool_choice.type if body.tool_choice else "auto"
+    if choice in ("any", "tool"):
+        raise InvalidRequest(
+            "forcing a tool call (`tool_choice` 'any' or 'tool') is not supported yet; "
+            "use 'auto' or 'none'", ["tool_choice", "type"], type="not_supported")
+    tools = None
+    if body.tools and choice != "none":
+        tools = [{"type": "function", "function": {
+            "name": t.name, "description": t.description or "",
+            "parameters": t.input_schema or {"type": "object", "properties": {}}}}
+            for t in body.tools]
+    prompt = chat_prompt.render(state.info, chat_messages(body), tools, None)
+    params = protocol.make_sampling_params({
+        "max_tokens": body.max_tokens, "temperature": body.temperature, "top_p": body.top_p,
+        "top_k": body.top_k, "stop": body.stop_sequences,
+    })
+    thinking = bool(body.thinking and body.thinking.type != "disabled")
+    names = {t["function"]["name"] for t in tools} if tools else None
+    parallel = not (body.tool_choice and body.tool_choice.disable_parallel_tool_use)
+
+    def make_parser() -> ChoiceParser:
+        return ChoiceParser(parse_reasoning=thinking, starts_in_reasoning=prompt.starts_in_reasoning,
+                            tool_names=names, parallel_tool_calls=parallel)
+
+    return prompt, params, make_parser
+
+
+@router.post(
+    "/v1/messages",
+    response_model=m.MessagesSuccess,
+    responses={200: STREAM_DOC, 422: {"model": MessagesErrorResponse}},
+)
+async def messages(body: m.MessagesBody, request: Request):
+    state = state_of(request)
+    state.resolve_model(body.model)
+    prompt, params, make_parser = translate(body, state)
+    gen = await start_generation(request, state, "msg", [prompt.token_ids], params)
+    stop = _StopReason(state, body.stop_sequences)
+    if body.stream:
+        return SSEResponse(_stream(gen, state, make_parser, stop), gen.aclose)
+    try:
+        return await run_unless_disconnected(request, _collect(gen, state, make_parser, stop))
+    finally:
+        await gen.aclose()
+
+
+class _StopReason:
+    """Anthropic tells an end of turn from a matched stop sequence; the engine reports
+    both as "stop". The generated tokens still hold the matched sequence (only the text
+    is cut), so find it there."""
+
+    def __init__(self, state: ServerState, stop_sequences: list[str] | None):
+        self.tokenizer = state.info.tokenizer
+        self.stop_sequences = stop_sequences or []
+        self.token_ids: list[int] = []
+        self.text = ""
+
+    def add(self, token_ids: list[int], text: str) -> None:
+        self.token_ids += token_ids
+        self.text += text
+
+    def resolve(self, finish: str) -> tuple[str, str | None]:
+        if finish == "tool_calls":
+            return "tool_use", None
+        if finish == "length":
+            return "max_tokens", None
+        if self.stop_sequences and self.token_ids and \
+                self.token_ids[-1] not in self.tokenizer.eos_token_ids:
+            full = self.tokenizer.decode(self.token_ids)
+            for seq in self.stop_sequences:
+                if full.find(seq, max(0, len(self.text) - len(seq))) >= 0:
+                    return "stop_sequence", seq
+        return "end_turn", None
+
+
+def _tool_input(call: ToolCall) -> dict:
+    try:
+        value = json.loads(call.arguments)
+    except json.JSONDecodeError:
+        value = None
+    return value if isinstance(value, dict) else {"arguments": call.arguments}
+
+
+def _usage(gen: Generation) -> m.MessagesUsage:
+    c = gen.counts
+    return m.MessagesUsage(input_tokens=c.prompt_tokens, output_tokens=c.completion_tokens,
+                           cache_read_input_tokens=c.cached_tokens)
+
+
+async def _collect(gen, state, make_parser, stop: _StopReason) -> m.MessagesSuccess:
+    blocks: list = []
+
+    def append(kind: str, text: str) -> None:
+        if not text:
+            return
+        if blocks and blocks[-1].type == kind:
+            last = blocks[-1]
+            setattr(last, kind, getattr(last, kind) + text)
+        else:
+            blocks.append(m.ResponseThinkingBlock(thinking=text) if kind == "thinking"
+                          else m.ResponseTextBlock(text=text))
+
+    finish = "stop"
+    async for ev in choice_events(gen, make_parser):
+        stop.add(ev.token_ids, ev.pieces.reasoning + ev.pieces.content)
+        append("thinking", ev.pieces.reasoning)
+        append("text", ev.pieces.content)
+        for call in ev.pieces.tool_calls or []:
+            blocks.append(m.ResponseToolUseBlock(id=call.id, name=call.name, input=_tool_input(call)))
+        finish = ev.finish_reason or finish
+    reason, sequence = stop.resolve(finish)
+    return m.MessagesSuccess(id=gen.request_id, model=state.model_name, content=blocks,
+                             stop_reason=reason, stop_sequence=sequence, usage=_usage(gen))
+
+
+async def _stream(gen, state, make_parser, stop: _StopReason):
+    """Only the spec's events, each with its `event:` line (no ping, no [DONE])."""
+    yield event_frame("message_start", {"type": "message_start", "message": {
+        "id": gen.request_id, "type": "message", "role": "assistant", "model": state.model_name,
+        "content": [], "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": gen.counts.prompt_tokens, "output_tokens": 0,
+                  "cache_read_input_tokens": gen.counts.cached_tokens}}})
+    index, open_kind = -1, None
+
+    def start(kind: str, block: dict):
+        nonlocal index, open_kind
+        frames = close()
+        index, open_kind = index + 1, kind
+        frames.append(event_frame("content_block_start", {
+            "type": "content_block_start", "index": index, "content_block": block}))
+        return frames
+
+    def close():
+        nonlocal open_kind
+        if open_kind is None:
+            return []
+        open_kind = None
+        return [event_frame("content_block_stop", {"type": "content_block_stop", "index": index})]
+
+    def delta(payload: dict) -> bytes:
+        return event_frame("content_block_delta", {
+            "type": "content_block_delta", "index": index, "delta": payload})
+
+    finish = "stop"
+    async for ev in choice_events(gen, make_parser):
+        p = ev.pieces
+        stop.add(ev.token_ids, p.reasoning + p.content)
+        if p.reasoning:
+            if open_kind != "thinking":
+                for f in start("thinking", {"type": "thinking", "thinking": ""}):
+                    yield f
+            yield delta({"type": "thinking_delta", "thinking": p.reasoning})
+        if p.content:
+            if open_kind != "text":
+                for f in start("text", {"type": "text", "text": ""}):
+                    yield f
+            yield delta({"type": "text_delta", "text": p.content})
+        for call in p.tool_calls or []:
+            for f in start("tool_use", {"type": "tool_use", "id": call.id, "name": call.name,
+                                        "input": {}}):
+                yield f
+            yield delta({"type": "input_json_delta",
+                         "partial_json": json.dumps(_tool_input(call), ensure_ascii=False)})
+        finish = ev.finish_reason or finish
+    for f in close():
+        yield f
+    reason, sequence = stop.resolve(finish)
+    yield event_frame("message_delta", {
+        "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
+        "usage": {"output_tokens": gen.counts.completion_tokens}})
+    yield event_frame("message_stop", {"type": "message_stop"})

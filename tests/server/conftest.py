@@ -1,0 +1,72 @@
+"""A real server for the tests: uvicorn on 127.0.0.1 on a free port, in a thread,
+serving the real default model (SmolLM2-135M GGUF) through the real engine."""
+
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+
+from amity.config import EngineConfig, ServerConfig
+from amity.engine.async_engine import AsyncEngine
+from amity.server.app import build_app
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RunningServer:
+    def __init__(self, engine: AsyncEngine, port: int, max_queue_len: int, owns_engine=True):
+        self.engine = engine
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.app = build_app(engine, ServerConfig(port=port, max_queue_len=max_queue_len),
+                             owns_engine=owns_engine)
+        self.server = uvicorn.Server(uvicorn.Config(
+            self.app, host="127.0.0.1", port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.time() + 60
+        while not self.server.started:
+            if time.time() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def engine():
+    return AsyncEngine.from_config(EngineConfig(max_model_len=2048))
+
+
+@pytest.fixture(scope="session")
+def server(engine):
+    with RunningServer(engine, free_port(), max_queue_len=256) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def model_name(http):
+    return http.get("/v1/models").json()["data"][0]["id"]
+
+
+def sse_data(text: str) -> list[str]:
+    """The `data:` payloads of an SSE body, in order."""
+    return [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]

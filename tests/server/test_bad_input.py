@@ -1,0 +1,93 @@
+"""Bad input: a 422 in the spec's shape that names the field, never a 500 or a hang,
+and the server keeps serving."""
+
+import pytest
+
+LONG = "word " * 2100  # past the 2048-token context the test server runs with
+CHAT = [{"role": "user", "content": "hi"}]
+
+CASES = [
+    # (path, body, a loc element the error must name)
+    ("/v1/completions", {"prompt": "x", "max_tokens": -1}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": "ten"}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "top_p": 0}, "top_p"),
+    ("/v1/completions", {"prompt": "x", "top_p": 1.5}, "top_p"),
+    ("/v1/completions", {"prompt": "x", "temperature": -0.1}, "temperature"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 5, "max_total_tokens": 9}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "min_tokens": 2,
+                         "response_format": {"type": "json_object"}}, "min_tokens"),
+    ("/v1/completions", {"prompt": "x", "tokens": [1, 2]}, "body"),
+    ("/v1/completions", {"max_tokens": 3}, "body"),
+    ("/v1/completions", {"tokens": [49152]}, "tokens"),
+    ("/v1/completions", {"tokens": [-1]}, "tokens"),
+    ("/v1/completions", {"prompt": LONG}, "prompt"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 5000}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "n": 0}, "n"),
+    ("/v1/completions", {"prompt": "x", "n": 2, "seed": [1]}, "seed"),
+    ("/v1/completions", {"prompt": "x", "stop_tokens": [{"tokens": [10**9]}]}, "stop_tokens"),
+    ("/v1/completions", {"prompt": ""}, "prompt"),
+    ("/v1/completions", {"prompt": []}, "body"),
+    ("/v1/completions", {"prompt": "x", "encoder_no_repeat_ngram": 3}, "encoder_no_repeat_ngram"),
+    ("/v1/completions", {"prompt": "x", "embedding_to_replace": [0.1]}, "token_index_to_replace"),
+    ("/v1/completions", {"prompt": 5}, "prompt"),
+    ("/v1/chat/completions", {"messages": []}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, "messages"),
+    ("/v1/chat/completions", {"messages": CHAT, "top_logprobs": 2}, "body"),
+    ("/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": 50}, "logprobs"),
+    ("/v1/chat/completions", {"messages": CHAT, "logit_bias": {"abc": 1}}, "logit_bias"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, "content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG}]}, "messages"),
+    ("/v1/chat/completions", {"messages": CHAT, "tool_choice": "required"}, "tool_choice"),
+    ("/v1/chat/render", {"messages": "hi"}, "messages"),
+    ("/v1/tokenize", {"prompt": 3}, "prompt"),
+    ("/v1/tokenize", {}, "prompt"),
+    ("/v1/detokenize", {"tokens": [1, 99999999]}, "tokens"),
+    ("/v1/detokenize", {"tokens": "abc"}, "tokens"),
+]
+
+
+@pytest.mark.parametrize("path,body,field", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_bad_input_is_422(http, path, body, field):
+    res = http.post(path, json=body)
+    assert res.status_code == 422, res.text
+    detail = res.json()["detail"]
+    assert isinstance(detail, list) and detail
+    for item in detail:
+        assert set(item) == {"loc", "msg", "type"}
+        assert item["loc"][0] == "body" and item["msg"]
+    assert any(field in map(str, item["loc"]) for item in detail), detail
+
+
+def test_malformed_json_is_422(http):
+    res = http.post("/v1/completions", content=b'{"prompt": "x",',
+                    headers={"content-type": "application/json"})
+    assert res.status_code == 422 and res.json()["detail"][0]["loc"][0] == "body"
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": [], "max_tokens": 4},
+    {"messages": CHAT, "max_tokens": -4},
+    {"messages": [{"role": "user", "content": [{"type": "image", "source": {
+        "type": "url", "url": "http://x/y.png"}}]}], "max_tokens": 4},
+    {"messages": CHAT, "tool_choice": {"type": "any"}},
+])
+def test_messages_errors_use_messages_shape(http, body):
+    res = http.post("/v1/messages", json=body)
+    assert res.status_code == 422
+    err = res.json()
+    assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
+    assert err["error"]["message"]
+
+
+def test_server_keeps_serving_after_bad_input(http):
+    for path, body, _ in CASES:
+        http.post(path, json=body)
+    res = http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 3})
+    assert res.status_code == 200 and len(res.json()["choices"][0]["tokens"]) == 3
+    assert http.get("/health").status_code == 200
+
+
+def test_bearer_token_is_ignored(http):
+    res = http.post("/v1/tokenize", json={"prompt": "a"}, headers={"Authorization": "Bearer x"})
+    assert res.status_code == 200
