@@ -1,0 +1,330 @@
+"""LLMEngine end to end on a tiny random-weight Llama (hidden 64, 2 layers).
+
+The reference for every scheduling scenario is the same prompt run alone on an
+engine with no prefix caching and no budget pressure: batching, chunking, prefix
+hits, eviction and preemption must not change a single greedy token.
+"""
+
+import random
+
+import pytest
+import torch
+import transformers
+
+from amity.config import EngineConfig
+from amity.engine.errors import RequestError
+from amity.engine.llm_engine import LLMEngine
+from amity.engine.outputs import FinalOutput
+from amity.engine.request import RequestStatus
+from amity.engine.sampling_params import SamplingParams
+from amity.models.loader import load_model
+
+GREEDY = dict(temperature=0.0, eos_token=[])  # no EOS: random weights would stop at random
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_llama_path):
+    return load_model(tiny_llama_path, torch.float32, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def make_engine(tiny_llama_path, loaded):
+    def make(**overrides) -> LLMEngine:
+        config = dict(model=str(tiny_llama_path), dtype="float32", kv_cache_memory="16MiB",
+                      block_size=8, max_num_seqs=16, max_num_batched_tokens=512, num_threads=1)
+        config.update(overrides)
+        return LLMEngine(EngineConfig(**config), loaded=loaded)
+    return make
+
+
+@pytest.fixture(scope="module")
+def vocab_size(loaded):
+    return loaded.config.vocab_size
+
+
+def prompts(n: int, lengths, vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, vocab) for _ in range(lengths[i % len(lengths)])] for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def alone(make_engine):
+    """Greedy tokens of one prompt run by itself: the reference."""
+    engine = make_engine(enable_prefix_caching=False)
+    cache: dict = {}
+
+    def run(prompt: list[int], max_tokens: int) -> list[int]:
+        key = (tuple(prompt), max_tokens)
+        if key not in cache:
+            (out,) = engine.generate([prompt], SamplingParams(max_tokens=max_tokens, **GREEDY))
+            cache[key] = out.ordered_choices[0].token_ids
+            assert len(cache[key]) == max_tokens
+        return cache[key]
+    return run
+
+
+def run_arrivals(engine: LLMEngine, arrivals: dict[int, list[tuple[str, list[int], SamplingParams]]],
+                 on_step=None) -> dict[str, list[int]]:
+    """Add requests at the given step numbers and run until all finish."""
+    tokens: dict[str, list[int]] = {}
+    step = 0
+    while step <= max(arrivals) or engine.has_unfinished_requests():
+        for rid, prompt, params in arrivals.get(step, []):
+            engine.add_request(rid, prompt, params)
+            tokens[rid] = []
+        for out in engine.step():
+            for c in out.outputs:
+                tokens[out.request_id].extend(c.new_token_ids)
+        if on_step:
+            on_step(engine)
+        step += 1
+        assert step < 2000
+    return tokens
+
+
+def assert_all_blocks_free(engine: LLMEngine) -> None:
+    stats = engine.stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+    assert stats["num_running"] == 0 and stats["num_waiting"] == 0
+
+
+def test_batching_changes_nothing(make_engine, alone, vocab_size):
+    ps = prompts(8, [3, 17, 40, 1, 25, 9, 64, 12], vocab_size, seed=1)
+    max_tokens = [20, 7, 15, 24, 3, 18, 10, 22]
+    engine = make_engine(block_size=4)
+    # Different lengths, arriving at different steps, in the middle of others' decodes.
+    arrival_steps = [0, 0, 2, 3, 3, 7, 11, 12]
+    arrivals: dict = {}
+    for i, (p, m, s) in enumerate(zip(ps, max_tokens, arrival_steps)):
+        arrivals.setdefault(s, []).append((f"r{i}", p, SamplingParams(max_tokens=m, **GREEDY)))
+    got = run_arrivals(engine, arrivals)
+    for i, (p, m) in enumerate(zip(ps, max_tokens)):
+        assert got[f"r{i}"] == alone(p, m), f"request r{i} (prompt {len(p)} tokens) changed"
+    assert_all_blocks_free(engine)
+
+
+def test_chunked_prefill_changes_nothing(make_engine, alone, vocab_size):
+    ps = prompts(4, [45, 30, 6, 61], vocab_size, seed=2)
+    engine = make_engine(max_num_batched_tokens=8)
+    arrivals = {0: [(f"r{i}", p, SamplingParams(max_tokens=12, **GREEDY)) for i, p in enumerate(ps[:2])],
+                5: [(f"r{i}", p, SamplingParams(max_tokens=12, **GREEDY)) for i, p in enumerate(ps[2:], 2)]}
+    got = run_arrivals(engine, arrivals)
+    for i, p in enumerate(ps):
+        assert got[f"r{i}"] == alone(p, 12)
+    # 142 prompt tokens + 4 x 11 decode tokens at 8 per step: the budget held.
+    assert engine.num_steps >= (142 + 44) // 8
+    assert_all_blocks_free(engine)
+
+
+def test_prefix_cache_hit_reports_cached_tokens_and_same_output(make_engine, alone, vocab_size):
+    engine = make_engine(block_size=8)
+    (base,) = prompts(1, [37], vocab_size, seed=3)
+    other = prompts(1, [9], vocab_size, seed=4)[0]
+    params = SamplingParams(max_tokens=10, **GREEDY)
+    (first,) = engine.generate([base], params)
+    assert first.num_cached_tokens == 0
+    assert first.ordered_choices[0].token_ids == alone(base, 10)
+
+    shared = base[:27] + other  # 27 shared tokens: 3 full blocks of 8
+    (second,) = engine.generate([shared], params)
+    assert second.num_cached_tokens == 24
+    assert second.ordered_choices[0].token_ids == alone(shared, 10)
+
+    (same,) = engine.generate([base], params)  # 37 tokens: 4 full blocks
+    assert same.num_cached_tokens == 32
+    assert same.ordered_choices[0].token_ids == first.ordered_choices[0].token_ids
+    assert engine.stats()["prefix_cache_hit_rate"] > 0
+    assert_all_blocks_free(engine)
+
+
+def test_prefix_cache_hit_on_a_running_request(make_engine, alone, vocab_size):
+    engine = make_engine(block_size=8)
+    base, tail = prompts(2, [24, 5], vocab_size, seed=5)
+    p = SamplingParams(max_tokens=16, **GREEDY)
+    finals = {}
+    got = run_arrivals(engine, {0: [("a", base, p)], 3: [("b", base + tail, p)]},
+                       on_step=lambda e: finals.update({k: r[0].num_cached_tokens
+                                                        for k, r in e.groups.items()}))
+    assert finals["b"] == 24  # a's prompt blocks, while a is still decoding
+    assert got["a"] == alone(base, 16) and got["b"] == alone(base + tail, 16)
+
+
+def test_eviction_under_memory_pressure(make_engine, alone, vocab_size):
+    # 12 blocks of 4 tokens; 10 distinct 14-token prompts, 6 new tokens each (5 blocks).
+    engine = make_engine(block_size=4, kv_cache_memory=str(12 * 2048))
+    assert engine.num_blocks == 12
+    ps = prompts(10, [14], vocab_size, seed=6)
+    params = SamplingParams(max_tokens=6, **GREEDY)
+    outs = engine.generate(ps[:5], params)  # five at once, then five more one by one
+    for p, out in zip(ps, outs):
+        assert out.ordered_choices[0].token_ids == alone(p, 6)
+    for p in ps[5:]:
+        (out,) = engine.generate([p], params)
+        assert out.ordered_choices[0].token_ids == alone(p, 6)
+        assert engine.stats()["num_cached_blocks"] <= 12
+    # The first prompts' blocks were evicted, the last one's survive; both stay correct.
+    (old,) = engine.generate([ps[0]], params)
+    assert old.num_cached_tokens == 0
+    assert old.ordered_choices[0].token_ids == alone(ps[0], 6)
+    (recent,) = engine.generate([ps[9]], params)
+    assert recent.num_cached_tokens == 12
+    assert recent.ordered_choices[0].token_ids == alone(ps[9], 6)
+    assert_all_blocks_free(engine)
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_preemption_with_a_tiny_block_pool(make_engine, alone, vocab_size, prefix_caching):
+    # 10 blocks of 4 = 40 token slots; 6 requests that each grow to 30-ish tokens.
+    engine = make_engine(block_size=4, kv_cache_memory=str(10 * 2048),
+                         enable_prefix_caching=prefix_caching)
+    assert engine.num_blocks == 10
+    ps = prompts(6, [10, 4, 13, 7, 16, 2], vocab_size, seed=7)
+    max_tokens = [20, 24, 14, 18, 16, 26]
+    arrivals = {0: [(f"r{i}", p, SamplingParams(max_tokens=m, **GREEDY))
+                    for i, (p, m) in enumerate(zip(ps, max_tokens))]}
+    preempted = set()
+
+    def watch(e):
+        preempted.update(r.request_id for r in e.scheduler.waiting
+                         if r.status is RequestStatus.PREEMPTED)
+    got = run_arrivals(engine, arrivals, on_step=watch)
+    assert preempted, "the pool is too small for all six at once: something must be preempted"
+    for i, (p, m) in enumerate(zip(ps, max_tokens)):
+        assert got[f"r{i}"] == alone(p, m)
+    assert_all_blocks_free(engine)
+
+
+def test_abort_and_finish_return_every_block(make_engine, vocab_size):
+    engine = make_engine(block_size=4, max_num_batched_tokens=16)
+    total = engine.stats()["num_total_blocks"]
+    ps = prompts(5, [30, 9, 12, 20, 5], vocab_size, seed=8)
+    for i, p in enumerate(ps):
+        engine.add_request(f"r{i}", p, SamplingParams(max_tokens=30, **GREEDY))
+    engine.add_request("shared", ps[1] + [1, 2, 3], SamplingParams(max_tokens=30, **GREEDY))
+    for _ in range(3):
+        engine.step()
+    stats = engine.stats()
+    assert stats["num_free_blocks"] < total and stats["num_waiting"] > 0
+    r0, r1, r4 = (engine.groups[k][0] for k in ("r0", "r1", "r4"))
+    assert r0.status is RequestStatus.RUNNING and r0.num_output_tokens > 0
+    assert r4.status is RequestStatus.WAITING
+    engine.abort_request("r0")  # mid generation
+    engine.abort_request("r4")  # still waiting
+    for _ in range(5):
+        engine.step()
+    assert r1.status is RequestStatus.RUNNING and r1.num_output_tokens > 0
+    assert engine.groups["shared"][0].num_cached_tokens == 8
+    engine.abort_request("r1")  # mid generation, its prefix blocks shared with "shared"
+    engine.abort_request("no-such-request")  # harmless
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert_all_blocks_free(engine)
+    # The engine's memory does not grow with the requests it has served.
+    for round_ in range(3):
+        engine.generate(prompts(6, [7, 11], vocab_size, seed=100 + round_),
+                        SamplingParams(max_tokens=5, **GREEDY))
+        assert_all_blocks_free(engine)
+    assert engine.stats()["num_total_blocks"] == total
+
+
+def test_n_choices_with_seeds(make_engine, vocab_size):
+    engine = make_engine(block_size=4)
+    (p,) = prompts(1, [18], vocab_size, seed=9)
+    params = SamplingParams(n=3, temperature=1.0, seed=[11, 22, 33], max_tokens=16, eos_token=[])
+    engine.add_request("n3", p, params)
+    group = list(engine.groups["n3"])  # the engine's per-choice requests
+    out = FinalOutput("n3")
+    while engine.has_unfinished_requests():
+        for step_out in engine.step():
+            out.add(step_out)
+    choices = out.ordered_choices
+    assert [c.index for c in choices] == [0, 1, 2]
+    assert [c.seed for c in choices] == [11, 22, 33]
+    assert all(len(c.token_ids) == 16 for c in choices)
+    assert len({tuple(c.token_ids) for c in choices}) == 3  # different seeds, different samples
+    # The prompt was computed once: choices 1 and 2 hit choice 0's 4 full blocks.
+    assert [r.num_cached_tokens for r in group] == [0, 16, 16]
+    # Each choice is what its seed gives alone, and a rerun reproduces them all.
+    for c in choices:
+        (single,) = engine.generate([p], SamplingParams(temperature=1.0, seed=c.seed, max_tokens=16,
+                                                        eos_token=[]))
+        assert single.ordered_choices[0].token_ids == c.token_ids
+    (again,) = engine.generate([p], params)
+    assert [c.token_ids for c in again.ordered_choices] == [c.token_ids for c in choices]
+    # An int seed seeds choice i with seed + i.
+    (by_int,) = engine.generate([p], SamplingParams(n=2, temperature=1.0, seed=21, max_tokens=16,
+                                                    eos_token=[]))
+    assert by_int.ordered_choices[1].token_ids == choices[1].token_ids
+    assert_all_blocks_free(engine)
+
+
+def test_prompt_plus_max_tokens_over_context_is_refused(make_engine, vocab_size):
+    engine = make_engine()
+    assert engine.max_model_len == 512
+    (p,) = prompts(1, [500], vocab_size, seed=10)
+    with pytest.raises(RequestError) as err:
+        engine.add_request("too-long", p, SamplingParams(max_tokens=13, **GREEDY))
+    assert "512" in str(err.value) and "max_tokens" in str(err.value)
+    with pytest.raises(RequestError):
+        engine.add_request("prompt-too-long", p + p[:12], SamplingParams(max_tokens=1, **GREEDY))
+    # Nothing was queued; exactly at the limit is fine.
+    assert not engine.has_unfinished_requests()
+    (ok,) = engine.generate([p], SamplingParams(max_tokens=12, **GREEDY))
+    assert len(ok.ordered_choices[0].token_ids) == 12
+
+
+def test_stop_string_across_token_boundaries_is_never_emitted(make_engine, loaded, vocab_size):
+    engine = make_engine()
+    tok = loaded.tokenizer
+    rng = random.Random(11)
+    # Find a greedy continuation with two adjacent tokens that decode to plain text.
+    for _ in range(50):
+        p = tok.encode(" ".join(rng.choice(["the", "quick", "engine", "cache", "block", "fox", "world"])
+                                for _ in range(6)))
+        (full,) = engine.generate([p], SamplingParams(max_tokens=40, **GREEDY))
+        ids = full.ordered_choices[0].token_ids
+        pieces = [tok.decode([t]) for t in ids]
+        for i in range(5, len(ids) - 1):
+            a, b = pieces[i], pieces[i + 1]
+            if len(a) >= 2 and len(b) >= 2 and (a + b).isascii() and (a + b).isprintable():
+                break
+        else:
+            continue
+        break
+    else:
+        pytest.skip("no continuation with two printable adjacent tokens")
+    text = tok.decode(ids)
+    stop = a[-2:] + b[:2]  # spans the boundary between token i and token i + 1
+    cut = text.find(stop)
+    assert cut != -1
+    deltas = []
+    engine.add_request("stop", p, SamplingParams(max_tokens=40, stop=[stop], **GREEDY))
+    final_reason = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            for c in out.outputs:
+                deltas.append(c.new_text)
+                final_reason = c.finish_reason or final_reason
+    streamed = "".join(deltas)
+    assert stop not in streamed
+    assert streamed == text[:cut]
+    assert final_reason == "stop"
+
+
+def test_forced_output_tokens_logprobs_match_transformers(make_engine, tiny_llama_path, vocab_size):
+    engine = make_engine(block_size=4)
+    prompt, forced = prompts(2, [11, 20], vocab_size, seed=12)
+    (out,) = engine.generate([prompt], SamplingParams(forced_output_tokens=forced, logprobs=5, **GREEDY))
+    choice = out.ordered_choices[0]
+    assert choice.token_ids == forced
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_llama_path), dtype=torch.float32)
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt + forced])).logits[0].log_softmax(-1)[len(prompt) - 1:-1]
+    ours = torch.tensor([lp.logprob for lp in choice.logprobs])
+    expected = ref.gather(1, torch.tensor(forced)[:, None])[:, 0]
+    torch.testing.assert_close(ours, expected, atol=1e-4, rtol=0)
+    for lp, row in zip(choice.logprobs, ref):
+        top = row.topk(5)
+        assert [t for t, _ in lp.top] == top.indices.tolist()
+        torch.testing.assert_close(torch.tensor([v for _, v in lp.top]), top.values, atol=1e-4, rtol=0)
+    assert_all_blocks_free(engine)
