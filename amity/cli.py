@@ -1,9 +1,10 @@
-"""The `amity` command line: `amity generate`, `amity serve`."""
+"""The `amity` command line: `amity generate`, `amity serve`, `amity bench`."""
 
 import argparse
 import logging
 import sys
 
+from amity.bench.cli import add_bench_parser
 from amity.config import EngineConfig, ServerConfig, add_arguments, from_namespace
 
 
@@ -46,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(srv, EngineConfig)
     add_arguments(srv, ServerConfig)
     srv.set_defaults(func=_serve)
+
+    add_bench_parser(commands)
     return parser
 
 

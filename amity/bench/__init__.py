@@ -1,0 +1,1 @@
+"""`amity bench`: serving benchmarks (`bench serve`) and peer comparisons (`bench compare`)."""

@@ -1,0 +1,98 @@
+"""The load generator against the paced server (conftest.py), whose timing we set.
+
+Tolerances: TTFT and ITL within half their value, E2E within 30%, throughput within
+30% of c x M / (TTFT + (M - 1) x ITL), the rate a closed loop at concurrency c reaches.
+"""
+
+import argparse
+import asyncio
+import json
+
+import pytest
+
+from amity.bench import serve
+from amity.bench.cli import add_bench_parser
+from tests.bench.conftest import ITL, TTFT, L, M
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers())
+    return parser.parse_args(argv)
+
+
+def run(url: str, **workload) -> list[dict]:
+    workload = serve.Workload(input_len=L, output_len=M, **workload)
+    summaries, _ = asyncio.run(serve.run_benchmark(url, workload, progress=False))
+    return summaries
+
+
+def test_figures_match_a_server_of_known_timing(start_server, tmp_path):
+    paced, url = start_server()
+    args = parse(["bench", "serve", "--url", url, "--concurrency", "1,4", "--num-prompts", "4",
+                  "--input-len", str(L), "--output-len", str(M), "--out", str(tmp_path),
+                  "--no-progress"])
+    assert serve.main(args) == 0
+
+    summaries = [json.loads(line) for line in (tmp_path / "summary.jsonl").read_text().splitlines()]
+    assert [s["concurrency"] for s in summaries] == [1, 4]
+    for s in summaries:
+        c = s["concurrency"]
+        assert (s["num_prompts"], s["completed"], s["failures"]) == (4, 4, 0), s["failure_reasons"]
+        assert s["output_tokens"] == 4 * M
+        assert s["prompt_tokens_mean"] == L
+        assert abs(s["ttft_ms"]["mean"] - TTFT * 1e3) < 25, s["ttft_ms"]
+        assert abs(s["ttft_ms"]["p50"] - TTFT * 1e3) < 25, s["ttft_ms"]
+        assert abs(s["itl_ms"]["mean"] - ITL * 1e3) < 10, s["itl_ms"]
+        assert abs(s["itl_ms"]["p50"] - ITL * 1e3) < 10, s["itl_ms"]
+        e2e = TTFT + (M - 1) * ITL
+        assert abs(s["e2e_ms"]["mean"] - e2e * 1e3) < 0.3 * e2e * 1e3, s["e2e_ms"]
+        assert s["output_tok_s"] == pytest.approx(c * M / e2e, rel=0.3)
+        assert s["output_tok_s"] == pytest.approx(c / ITL, rel=0.3)
+        assert s["requests_s"] == pytest.approx(c / e2e, rel=0.3)
+    # Closed loop at c=4: never more than 4 in flight, and it did reach 4.
+    assert paced.max_in_flight == 4
+    # 1 warm-up + 2 levels x 4, every one with the output length pinned and token ids sent.
+    assert len(paced.bodies) == 9
+    assert all(b["min_tokens"] == b["max_tokens"] == M and len(b["tokens"]) == L
+               and b["stream_options"] == {"include_usage": True} for b in paced.bodies)
+    assert len({tuple(b["tokens"]) for b in paced.bodies}) == 9  # fresh prompts each time
+
+    lines = (tmp_path / "requests.jsonl").read_text().splitlines()
+    assert len(lines) == 8 and all(json.loads(x)["ok"] for x in lines)
+    assert "| server | 4 | 4 / 4 |" in (tmp_path / "table.md").read_text()
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_wrong_usage_count_is_reported_as_failures(start_server, tmp_path):
+    _, url = start_server(usage_delta=-1)
+    [s] = run(url, concurrency=[2], num_prompts=4)
+    assert (s["completed"], s["failures"]) == (0, 4)
+    assert s["failure_reasons"] == {f"usage says {M - 1} completion tokens, asked {M}": 4}
+    assert s["output_tokens"] == 0
+    assert "FAILED 4 x server" in serve.failure_report([s])
+
+
+def test_peer_without_tokens_field_gets_text_of_exactly_input_len(start_server):
+    paced, url = start_server(amity_like=False)
+    [s] = run(url, concurrency=[2], num_prompts=4)
+    assert (s["completed"], s["failures"]) == (4, 0), s["failure_reasons"]
+    assert s["prompt_tokens_mean"] == L
+    assert all("tokens" not in b and len(b["prompt"].split()) == L and b["ignore_eos"]
+               and b["model"] == "paced" for b in paced.bodies)
+
+
+def test_poisson_mode_sends_the_requested_number_at_the_rate(start_server):
+    rate, n = 40.0, 16
+    paced, url = start_server()
+    workload = serve.Workload(input_len=L, output_len=M, request_rate=rate, num_prompts=n)
+    [s], records = asyncio.run(serve.run_benchmark(url, workload, progress=False))
+    assert s["concurrency"] is None
+    assert (s["num_prompts"], s["completed"], s["failures"]) == (n, n, 0), s["failure_reasons"]
+    assert len(paced.bodies) == n + 1  # and the warm-up
+    starts = sorted(r.start_s for r in records)
+    mean_gap = (starts[-1] - starts[0]) / (n - 1)
+    # Seeded, so the draw is fixed; the bounds only allow for the exponential's spread.
+    assert 0.4 / rate < mean_gap < 2.5 / rate, starts
+    # Open loop: requests overlap, unlike a closed loop of 1.
+    assert paced.max_in_flight > 1
