@@ -27,12 +27,23 @@ not use a stage is left bit-for-bit unchanged by it.
                         xtc_probability per step: one uniform from the row's
                         generator, drawn only when xtc_probability > 0 and
                         xtc_threshold > 0, before the sampling draw.
- 9. sample              greedy rows: argmax; random rows: an exponential race on
-                        the row's own generator (see `exponential_race`), so a
-                        row's draw depends only on its seed and state.
+                        Rows that truncate run these on their candidates: their
+                        most likely tokens (k + 1 of them with top_k, else
+                        PROBE_WIDTH), in a canonical order (logit descending,
+                        token id ascending among equals); a row whose candidates
+                        might miss a kept token (a tie with the k-th logit, or a
+                        top_p / min_p set reaching the last candidate) is redone
+                        wider, up to the whole vocabulary, so the result is
+                        exact (see `logits_processors.truncate_candidates`).
+                        Rows that truncate nothing use the whole vocabulary.
+ 9. sample              greedy rows: argmax; random rows: inverse-CDF sampling,
+                        one float64 uniform per row from the row's own generator
+                        (see `logits_processors.inverse_cdf`), so a row's draw
+                        depends only on its seed and state.
 
-Everything history-derived (bans, penalty token lists) is computed per row in
-Python/CPU by `SamplingTensors.build`, then shipped to the logits' device once.
+Everything history-derived (bans, penalty (row, token) pairs) is computed in
+Python/CPU by `SamplingTensors.build`, then shipped to the logits' device once;
+stages 1-5 edit only those entries of the batch tensor.
 Token ids outside [0, V) in histories, bans or biases are ignored.
 """
 
@@ -62,17 +73,18 @@ class SamplerOutput:
     logprobs: list[TokenLogprob | None]  # per row; None when params.logprobs is None
 
 
-def _padded(seqs: list[list[int]], pad: int, device: torch.device) -> torch.Tensor:
-    width = max(1, max(len(s) for s in seqs))
-    return torch.tensor([s + [pad] * (width - len(s)) for s in seqs], dtype=torch.long, device=device)
-
-
 def _rows(idx: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(idx, dtype=torch.long, device=device)
 
 
 def _floats(vals: list[float], device: torch.device) -> torch.Tensor:
     return torch.tensor(vals, dtype=torch.float32, device=device)
+
+
+# Candidates first taken for a top_p / min_p row without top_k, and the factor a
+# row's width grows by when its candidates turn out too few (see `_sample_truncated`).
+PROBE_WIDTH = 128
+WIDEN = 16
 
 
 @dataclass
@@ -83,21 +95,25 @@ class SamplingTensors:
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
     # Stages 2-4: flat (row, token) to set to -inf.
     bans: tuple[torch.Tensor, torch.Tensor] | None
-    # Stage 5: (rows, padded prompt+output ids, penalty).
+    # Stage 5: distinct (row, token) pairs of prompt + output, penalty per pair.
     repetition: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
-    # Stage 5: (rows, padded output ids, frequency, presence).
-    frequency: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None
+    # Stage 5: distinct (row, token) pairs of the output, count, frequency and presence per pair.
+    frequency: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None
     # Stage 6: top-N per row, None for no logprobs.
     num_logprobs: list[int | None]
     # Stages 7-9 cover the random rows only; values below are per random row.
     random_rows: list[int]
     generators: list[torch.Generator | None]  # checked by the sampler, not needed to score
     temperature: torch.Tensor | None
-    top_k: torch.Tensor | None
+    top_k: torch.Tensor | None  # 0 where off (k <= 0 or k >= V)
     top_p: torch.Tensor | None
     min_p: torch.Tensor | None
     # XTC: (threshold, probability) for random rows; probability 0 = never.
     xtc: tuple[torch.Tensor, list[float]] | None
+    # Per random row: whether it truncates (top_k, top_p or min_p), and the
+    # candidate width it starts with.
+    truncated: list[bool]
+    widths: list[int]
 
     @classmethod
     def build(cls, rows: list[SamplingRow], vocab_size: int, device: torch.device) -> "SamplingTensors":
@@ -106,8 +122,8 @@ class SamplingTensors:
 
         bias_r, bias_t, bias_v = [], [], []
         ban_r, ban_t = [], []
-        rep_i, rep_ids, rep_p = [], [], []
-        freq_i, freq_ids, freq_f, freq_p = [], [], [], []
+        # Rows that need their history as a tensor (penalties), in one padded tensor.
+        hist_r, hist_ids, hist_np, rep_p, freq_f, freq_p = [], [], [], [], [], []
         for i, row in enumerate(rows):
             p = row.params
             history = row.prompt_token_ids + row.output_token_ids
@@ -131,15 +147,36 @@ class SamplingTensors:
                 if valid(tok):
                     ban_r.append(i)
                     ban_t.append(tok)
-            if p.repetition_penalty != 1.0:
-                rep_i.append(i)
-                rep_ids.append(history)
-                rep_p.append(p.repetition_penalty)
-            if p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
-                freq_i.append(i)
-                freq_ids.append(row.output_token_ids)
-                freq_f.append(p.frequency_penalty)
+            rep = p.repetition_penalty != 1.0
+            freq = p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+            if rep or freq:
+                hist_r.append(i)
+                hist_ids.append(history)
+                hist_np.append(len(row.prompt_token_ids))
+                rep_p.append(p.repetition_penalty if rep else None)
+                freq_f.append(p.frequency_penalty if freq else None)
                 freq_p.append(p.presence_penalty)
+
+        repetition = frequency = None
+        if hist_r:
+            width = max(1, max(len(h) for h in hist_ids))
+            ids = torch.tensor([h + [vocab_size] * (width - len(h)) for h in hist_ids], dtype=torch.long)
+            row_of = torch.tensor(hist_r, dtype=torch.long)
+            rep_j = [j for j, v in enumerate(rep_p) if v is not None]
+            if rep_j:
+                sel = torch.tensor(rep_j, dtype=torch.long)
+                j, tok, _ = lp.history_pairs(ids[sel], row_of[sel], vocab_size)
+                pen = torch.tensor([rep_p[k] for k in rep_j], dtype=torch.float32)[j]
+                repetition = (row_of[sel][j].to(device), tok.to(device), pen.to(device))
+            freq_j = [j for j, v in enumerate(freq_f) if v is not None]
+            if freq_j:
+                sel = torch.tensor(freq_j, dtype=torch.long)
+                n_prompt = torch.tensor([hist_np[k] for k in freq_j], dtype=torch.long)
+                out_ids = ids[sel].masked_fill(torch.arange(width)[None, :] < n_prompt[:, None], vocab_size)
+                j, tok, counts = lp.history_pairs(out_ids, row_of[sel], vocab_size, counts=True)
+                f = torch.tensor([freq_f[k] for k in freq_j], dtype=torch.float32)[j]
+                pres = torch.tensor([freq_p[k] for k in freq_j], dtype=torch.float32)[j]
+                frequency = (row_of[sel][j].to(device), tok.to(device), counts.to(device), f.to(device), pres.to(device))
 
         random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
         rp = [rows[i].params for i in random_rows]
@@ -147,31 +184,27 @@ class SamplingTensors:
         def per_random(values: list, used: bool, dtype=torch.float32) -> torch.Tensor | None:
             return torch.tensor(values, dtype=dtype, device=device) if used else None
 
+        top_k = [q.top_k if 0 < q.top_k < vocab_size else 0 for q in rp]
+        truncated = [k > 0 or q.top_p < 1.0 or q.min_p > 0.0 for k, q in zip(top_k, rp)]
         xtc_on = [q.xtc_probability > 0 and q.xtc_threshold > 0 for q in rp]
         xtc_threshold = [q.xtc_threshold if on else 0.0 for q, on in zip(rp, xtc_on)]
         xtc_chance = [q.xtc_probability if on else 0.0 for q, on in zip(rp, xtc_on)]
         return cls(
             bias=(_rows(bias_r, device), _rows(bias_t, device), _floats(bias_v, device)) if bias_r else None,
             bans=(_rows(ban_r, device), _rows(ban_t, device)) if ban_r else None,
-            repetition=(_rows(rep_i, device), _padded(rep_ids, vocab_size, device), _floats(rep_p, device))
-            if rep_i
-            else None,
-            frequency=(
-                _rows(freq_i, device),
-                _padded(freq_ids, vocab_size, device),
-                _floats(freq_f, device),
-                _floats(freq_p, device),
-            )
-            if freq_i
-            else None,
+            repetition=repetition,
+            frequency=frequency,
             num_logprobs=[r.params.logprobs for r in rows],
             random_rows=random_rows,
             generators=[rows[i].generator for i in random_rows],
             temperature=per_random([q.temperature for q in rp], any(q.temperature != 1.0 for q in rp)),
-            top_k=per_random([q.top_k for q in rp], any(0 < q.top_k < vocab_size for q in rp), torch.long),
+            top_k=per_random(top_k, any(top_k), torch.long),
             top_p=per_random([q.top_p for q in rp], any(q.top_p < 1.0 for q in rp)),
             min_p=per_random([q.min_p for q in rp], any(q.min_p > 0.0 for q in rp)),
             xtc=(_floats(xtc_threshold, device), xtc_chance) if any(xtc_on) else None,
+            truncated=truncated,
+            # A top_k row takes one candidate more than k, to see whether the k-th ties.
+            widths=[min(k + 1 if k else PROBE_WIDTH, vocab_size) for k in top_k],
         )
 
 
@@ -184,32 +217,136 @@ def _process(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     if t.bans is not None:
         x[t.bans] = lp.NEG_INF
     if t.repetition is not None:
-        r, ids, pen = t.repetition
-        sub = x[r]
-        lp.apply_repetition_penalty(sub, ids, pen)
-        x[r] = sub
+        lp.apply_repetition_penalty(x, *t.repetition)
     if t.frequency is not None:
-        r, ids, f, pres = t.frequency
-        sub = x[r]
-        lp.apply_frequency_presence(sub, ids, f, pres)
-        x[r] = sub
+        lp.apply_frequency_presence(x, *t.frequency)
     return x
 
 
-def _top_logprobs(logprobs: torch.Tensor, chosen: list[int], num: list[int | None]) -> list[TokenLogprob | None]:
+def _top_logprobs(
+    x: torch.Tensor,
+    chosen: list[int],
+    num: list[int | None],
+    cand: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> list[TokenLogprob | None]:
+    """Stage 6 from the stage-5 logits `x`: log_softmax, as logit - logsumexp, of
+    the rows that want it; the top-N in canonical order (logprob descending, token
+    id ascending among equals), so sampling and `score` agree exactly. `cand`:
+    canonical candidates of the rows with N > 0 (see `lp.top_candidates`), if any."""
     want = [i for i, n in enumerate(num) if n is not None]
     out: list[TokenLogprob | None] = [None] * len(num)
     if not want:
         return out
-    idx = _rows(want, logprobs.device)
-    sub = logprobs[idx]
-    chosen_lp = sub.gather(1, _rows([chosen[i] for i in want], logprobs.device)[:, None])[:, 0].tolist()
-    top_v, top_i = sub.topk(min(max(num[i] for i in want), sub.shape[1]), dim=1)
-    top_v, top_i = top_v.tolist(), top_i.tolist()
+    idx = _rows(want, x.device)
+    sub = x if len(want) == x.shape[0] else x[idx]
+    lse = sub.logsumexp(dim=1, keepdim=True)
+    chosen_lp = (sub.gather(1, _rows([chosen[i] for i in want], x.device)[:, None]) - lse)[:, 0].tolist()
+    tops = [j for j, i in enumerate(want) if num[i]]
+    top: dict[int, list[tuple[int, float]]] = {}
+    if tops:
+        pos = _rows(tops, x.device)
+        some = len(tops) == len(want)
+        v, ids = lp.canonical_top(sub if some else sub[pos], max(num[want[j]] for j in tops), cand)
+        v = (v - (lse if some else lse[pos])).tolist()
+        for j, vs, ts in zip(tops, v, ids.tolist()):
+            n = num[want[j]]
+            top[j] = list(zip(ts[:n], vs[:n]))
     for j, i in enumerate(want):
-        n = num[i]
-        out[i] = TokenLogprob(chosen[i], chosen_lp[j], list(zip(top_i[j][:n], top_v[j][:n])))
+        out[i] = TokenLogprob(chosen[i], chosen_lp[j], top.get(j, []))
     return out
+
+
+def _pick(t: torch.Tensor | None, idx: torch.Tensor) -> torch.Tensor | None:
+    return None if t is None else t[idx]
+
+
+def _draws(t: SamplingTensors, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Each random row's draws from its own generator, in this order: the XTC
+    uniform (float32; only when its XTC is on), then the sampling uniform
+    (float64). Returns (XTC fires, per random row, or None; sampling uniforms)."""
+    chance = t.xtc[1] if t.xtc is not None else [0.0] * len(t.generators)
+    xtc_u, sample_u = [], []
+    for g, c in zip(t.generators, chance):
+        if c > 0:
+            xtc_u.append(torch.rand(1, generator=g, device=g.device).to(device))
+        else:
+            xtc_u.append(torch.ones(1, device=device))
+        sample_u.append(torch.rand(1, generator=g, device=g.device, dtype=torch.float64).to(device))
+    fire = torch.cat(xtc_u) < _floats(chance, device) if t.xtc is not None else None
+    return fire, torch.cat(sample_u)
+
+
+def _sample_plain(x: torch.Tensor, t: SamplingTensors, j: torch.Tensor, fire, u: torch.Tensor) -> torch.Tensor:
+    """Random rows that truncate nothing, [R, V] stage-5 logits: temperature,
+    XTC over the whole vocabulary, the draw; returns token ids."""
+    temperature = _pick(t.temperature, j)
+    xtc = t.xtc is not None and bool(fire.any())
+    if temperature is not None:
+        x = x / temperature[:, None]
+    elif xtc:
+        x = x.clone()  # the caller's logits still serve stage 6
+    if xtc:
+        lp.apply_xtc(x, t.xtc[0][j], fire)
+    return lp.inverse_cdf(x, u)
+
+
+def _sample_truncated(
+    x: torch.Tensor,
+    t: SamplingTensors,
+    j: torch.Tensor,
+    fire,
+    u: torch.Tensor,
+    cand: tuple[torch.Tensor, torch.Tensor],
+) -> torch.Tensor:
+    """Random rows that truncate, [R, V] stage-5 logits (row r is random row
+    j[r]) and their canonical candidates, at least each row's width wide: stages
+    7-9 on the candidates, widened until exact; returns token ids."""
+    vocab = x.shape[1]
+    temperature, top_k = _pick(t.temperature, j), _pick(t.top_k, j)
+    top_p, min_p = _pick(t.top_p, j), _pick(t.min_p, j)
+    threshold = _pick(t.xtc[0], j) if t.xtc is not None else None
+    log_norm = None
+    if top_p is not None:
+        # top_p without top_k reads the whole vocabulary's mass.
+        need = (top_p < 1.0) & (top_k == 0) if top_k is not None else top_p < 1.0
+        if bool(need.any()):
+            rows = need.nonzero()[:, 0]
+            scaled = x[rows] / temperature[rows, None] if temperature is not None else x[rows]
+            log_norm = torch.zeros(len(j), dtype=torch.float32, device=x.device)
+            log_norm[rows] = scaled.logsumexp(dim=1)
+
+    tokens = torch.empty(len(j), dtype=torch.long, device=x.device)
+    todo = torch.arange(len(j), device=x.device)
+    width = cand[0].shape[1]
+    while True:
+        whole = len(todo) == len(j)
+        sub = lambda s: s if s is None or whole else s[todo]  # noqa: E731
+        xs, temp, k = x if whole else x[todo], sub(temperature), sub(top_k)
+        if cand is None:
+            cand = lp.top_candidates(xs, width)
+        v, ids = lp.scale_candidates(*cand, temp)
+        cand = None
+        v = v.to(torch.float64)
+        kth = v.gather(1, (k - 1).clamp(min=0)[:, None]) if k is not None else None
+        v, tied, short = lp.truncate_candidates(v, vocab, k, sub(top_p), sub(min_p), sub(log_norm))
+        if threshold is not None:
+            lp.xtc_candidates(v, sub(threshold), sub(fire))
+        tokens[todo] = ids.gather(1, lp.inverse_cdf(v, sub(u))[:, None])[:, 0]
+        redo = tied | short
+        if not bool(redo.any()):
+            return tokens
+        # Widen the rows that were not exact: to every token tied with the k-th
+        # (and one below it), or by WIDEN for a top_p / min_p row without top_k.
+        widths = [0]
+        if bool(short.any()):
+            widths.append(width * WIDEN)
+        if bool(tied.any()):
+            tie_rows = tied.nonzero()[:, 0]
+            scaled = xs[tie_rows] / temp[tie_rows, None] if temp is not None else xs[tie_rows]
+            reach = (scaled >= kth[tie_rows].to(scaled.dtype)).sum(dim=1)
+            widths.append(int(reach.max()) + 1)
+        width = min(max(widths), vocab)
+        todo = todo[redo]
 
 
 class Sampler:
@@ -222,44 +359,62 @@ class Sampler:
             return SamplerOutput([], [])
         t = SamplingTensors.build(rows, logits.shape[1], logits.device)
         x = _process(logits, t)
+        device = x.device
 
-        # Stage 6 reads the stage-5 logits, so take them before stage 7 edits.
-        want_lp = any(n is not None for n in t.num_logprobs)
-        logprobs = x.log_softmax(dim=1) if want_lp else None
-        tokens = x.argmax(dim=1)
+        tokens = torch.empty(len(rows), dtype=torch.long, device=device)
+        greedy = [i for i, r in enumerate(rows) if r.params.is_greedy]
+        if len(greedy) == len(rows):
+            tokens = x.argmax(dim=1)
+        elif greedy:
+            g = _rows(greedy, device)
+            tokens[g] = x[g].argmax(dim=1)
+
+        # One top-k serves the truncating rows' candidates and the top logprobs.
+        need: dict[int, int] = {}
+        for jj, i in enumerate(t.random_rows):
+            if t.truncated[jj]:
+                need[i] = t.widths[jj]
+        for i, n in enumerate(t.num_logprobs):
+            if n:
+                need[i] = min(max(need.get(i, 0), n + 1), x.shape[1])
+        cand_rows = sorted(need)
+        cand = None
+        if cand_rows:
+            xc = x if len(cand_rows) == len(rows) else x[_rows(cand_rows, device)]
+            cand = lp.top_candidates(xc, max(need.values()))
+        cand_pos = {i: p for p, i in enumerate(cand_rows)}
+
+        def cand_of(batch_rows: list[int]):
+            if not batch_rows or cand is None:
+                return None
+            if batch_rows == cand_rows:
+                return cand
+            pos = _rows([cand_pos[i] for i in batch_rows], device)
+            return cand[0][pos], cand[1][pos]
 
         if t.random_rows:
             missing = [i for i, g in zip(t.random_rows, t.generators) if g is None]
             if missing:
                 raise ValueError(f"rows {missing} sample (temperature > 0) but have no generator")
-            r = _rows(t.random_rows, x.device)
-            sub = x[r] if len(t.random_rows) < len(rows) else x
-            if t.temperature is not None:
-                lp.apply_temperature(sub, t.temperature)
-            if t.top_k is not None:
-                lp.apply_top_k(sub, t.top_k)
-            if t.top_p is not None:
-                lp.apply_top_p(sub, t.top_p)
-            if t.min_p is not None:
-                lp.apply_min_p(sub, t.min_p)
-            if t.xtc is not None:
-                threshold, chance = t.xtc
-                # Drawn in row order before the sampling draw; rows with XTC off
-                # draw nothing, so their streams match a batch without XTC.
-                u = [
-                    torch.rand(1, generator=g, device=g.device).to(sub.device)
-                    if c > 0
-                    else torch.ones(1, device=sub.device)
-                    for g, c in zip(t.generators, chance)
-                ]
-                fire = torch.cat(u) < _floats(chance, sub.device)
-                lp.apply_xtc(sub, threshold, fire)
-            tokens[r] = lp.exponential_race(sub.softmax(dim=1), t.generators)
+            fire, u = _draws(t, device)
+            for truncated in (False, True):
+                js = [j for j, tr in enumerate(t.truncated) if tr == truncated]
+                if not js:
+                    continue
+                j = _rows(js, device)
+                r = [t.random_rows[k] for k in js]
+                xr = x if len(r) == len(rows) else x[_rows(r, device)]
+                if truncated:
+                    picked = _sample_truncated(xr, t, j, _pick(fire, j), u[j], cand_of(r))
+                else:
+                    picked = _sample_plain(xr, t, j, _pick(fire, j), u[j])
+                tokens[_rows(r, device)] = picked
 
         token_ids = tokens.tolist()
-        if logprobs is None:
+        if all(n is None for n in t.num_logprobs):
             return SamplerOutput(token_ids, [None] * len(rows))
-        return SamplerOutput(token_ids, _top_logprobs(logprobs, token_ids, t.num_logprobs))
+        lp_cand = cand_of([i for i, n in enumerate(t.num_logprobs) if n])
+        return SamplerOutput(token_ids, _top_logprobs(x, token_ids, t.num_logprobs, lp_cand))
 
     def score(self, logits: torch.Tensor, rows: list[SamplingRow], token_ids: list[int]) -> list[TokenLogprob]:
         """Logprobs of given (forced) tokens under the same processing, no sampling;
@@ -267,6 +422,5 @@ class Sampler:
         if not rows:
             return []
         t = SamplingTensors.build(rows, logits.shape[1], logits.device)
-        logprobs = _process(logits, t).log_softmax(dim=1)
-        out = _top_logprobs(logprobs, list(token_ids), [n or 0 for n in t.num_logprobs])
+        out = _top_logprobs(_process(logits, t), list(token_ids), [n or 0 for n in t.num_logprobs])
         return out  # type: ignore[return-value]

@@ -257,3 +257,104 @@ def test_xtc_removes_all_viable_but_the_least_likely():
     lp.apply_xtc(x, torch.tensor([0.25, 0.15, 0.25, 0.25]), torch.tensor([True, True, True, False]))
     removed = [torch.isinf(r).nonzero().flatten().tolist() for r in x]
     assert removed == [[0], [0, 1], [], []]
+
+
+# --- candidate stages: the same warpers on each row's few most likely tokens ---------------
+
+
+def reference_kept(logits, temps, ks, ps, mps) -> torch.Tensor:
+    x = logits.clone()
+    lp.apply_temperature(x, torch.tensor(temps))
+    lp.apply_top_k(x, torch.tensor(ks))
+    lp.apply_top_p(x, torch.tensor(ps))
+    lp.apply_min_p(x, torch.tensor(mps))
+    return x
+
+
+@pytest.mark.parametrize("coarse", [False, True])
+def test_candidate_truncation_matches_the_full_vocabulary_reference(coarse):
+    # Coarse logits (as from bf16) tie often, also at the k-th and at the
+    # candidates' edge; the narrow widths force the "not exact yet" reports.
+    rng = random.Random(21 + coarse)
+    torch.manual_seed(21 + coarse)
+    B, vocab = 64, 200
+    logits = torch.randn(B, vocab) * 2
+    if coarse:
+        logits = (logits * 2).round() / 2
+    logits[5, :50] = float("-inf")
+    temps = [rng.choice([0.3, 0.7, 1.0, 1.8]) for _ in range(B)]
+    ks = [rng.choice([0, 1, 3, 10, 40]) for _ in range(B)]
+    ps = [rng.choice([1.0, 0.95, 0.7, 0.3]) for _ in range(B)]
+    mps = [rng.choice([0.0, 0.05, 0.3]) for _ in range(B)]
+    for i in range(B):
+        if ks[i] == 0 and ps[i] == 1.0 and mps[i] == 0.0:
+            ps[i] = 0.5  # every row truncates
+    expected = reference_kept(logits, temps, ks, ps, mps).softmax(dim=1)
+    flagged = 0
+    for width in (vocab, 12, 45, 120):
+        w = torch.tensor([min(max(width, k + 1), vocab) for k in ks])
+        cand = lp.top_candidates(logits, int(w.max()))
+        temp = torch.tensor(temps)
+        v, ids = lp.scale_candidates(*cand, temp)
+        log_norm = (logits / temp[:, None]).logsumexp(dim=1)
+        v, tied, short = lp.truncate_candidates(
+            v.double(), vocab, torch.tensor(ks), torch.tensor(ps), torch.tensor(mps), log_norm)
+        if width == vocab:
+            assert not tied.any() and not short.any()
+        got = torch.zeros(B, vocab, dtype=torch.float64).scatter_(1, ids, v.softmax(dim=1))
+        for i in range(B):
+            if tied[i] or short[i]:
+                flagged += 1
+                continue
+            # Among equal logits the reference's sort picks which ones top_p keeps
+            # arbitrarily (the candidates: lowest token id first), so with ties
+            # the kept probabilities must agree as a multiset.
+            a, b = got[i][got[i] > 0].float().sort().values, expected[i][expected[i] > 0].sort().values
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+            if not coarse:
+                assert torch.equal(got[i] > 0, expected[i] > 0), (width, i)
+    assert flagged  # the narrow widths did report rows to widen
+
+
+def test_candidates_are_canonical_whatever_the_width():
+    x = torch.tensor([[1.0, 3.0, 2.0, 3.0, 1.0, 3.0, 0.0, 2.0]])
+    canonical = [1, 3, 5, 2, 7, 0, 4, 6]
+    for width in (3, 4, 5, 6, 8):
+        v, ids = lp.top_candidates(x, width)
+        # Fixed wherever the logit is above the last candidate's (which may tie
+        # with tokens left out: callers check exactly that).
+        sure = (v[0] > v[0, -1]) | (width == 8)
+        assert ids[0][sure].tolist() == canonical[: int(sure.sum())]
+        assert set(ids[0].tolist()) <= set(canonical[:width + 2])
+    # Temperature can merge distinct logits; the merged ones go by token id.
+    v, ids = lp.scale_candidates(
+        torch.tensor([[1.950000286102295, 1.9500001668930054]]), torch.tensor([[5, 2]]), torch.tensor([1.9]))
+    assert v[0, 0] == v[0, 1] and ids[0].tolist() == [2, 5]
+
+
+def test_xtc_candidates_match_apply_xtc():
+    torch.manual_seed(23)
+    B, vocab = 32, 40
+    logits = torch.randn(B, vocab) * 2
+    logits[::3, 2] = logits[::3, 3]  # ties among the viable ones
+    threshold = torch.rand(B) * 0.2
+    active = torch.rand(B) < 0.7
+    ref = logits.clone()
+    lp.apply_xtc(ref, threshold, active)
+    v, ids = lp.top_candidates(logits, vocab)
+    v = v.double()
+    lp.xtc_candidates(v, threshold, active)
+    got = torch.full((B, vocab), float("-inf"), dtype=torch.float64).scatter_(1, ids, v)
+    assert torch.equal(torch.isinf(got), torch.isinf(ref))
+
+
+def test_inverse_cdf_never_picks_a_removed_token():
+    v = torch.tensor([[float("-inf"), 0.0, float("-inf"), -1.0, float("-inf")]] * 3, dtype=torch.float64)
+    u = torch.tensor([0.0, 0.5, 1.0 - 2**-53], dtype=torch.float64)
+    assert lp.inverse_cdf(v, u).tolist() == [1, 1, 3]
+    # Float32 probabilities over a large vocabulary: the float64 cumsum still ends
+    # on a kept token for u at the top of [0, 1).
+    big = torch.full((2, 50_000), -3.0)
+    big[:, -7:] = float("-inf")
+    picked = lp.inverse_cdf(big, torch.tensor([1.0 - 2**-53, 0.0], dtype=torch.float64))
+    assert picked.tolist() == [50_000 - 8, 0]

@@ -14,6 +14,8 @@ from transformers.generation.logits_process import (
     RepetitionPenaltyLogitsProcessor,
 )
 
+from amity.engine import logits_processors as lp
+from amity.engine import sampler as sampler_module
 from amity.engine.sampler import Sampler, SamplingRow
 from amity.engine.sampling_params import SamplingParams
 
@@ -166,7 +168,10 @@ def assert_matches(freq: list[float], expected: list[float]) -> None:
         dict(min_p=0.3),
     ],
 )
-def test_sampled_frequencies_match_the_truncated_distribution(params):
+@pytest.mark.parametrize("probe", [128, 2])
+def test_sampled_frequencies_match_the_truncated_distribution(params, probe, monkeypatch):
+    # probe 2: top_p / min_p rows start from 2 candidates and must widen.
+    monkeypatch.setattr(sampler_module, "PROBE_WIDTH", probe)
     assert_matches(draw_many(**params), expected_distribution(**params))
 
 
@@ -181,6 +186,54 @@ def test_xtc_frequencies():
     assert_matches(draw_many(top_k=3, xtc_threshold=threshold, xtc_probability=chance), mix)
     # A threshold only the top token reaches leaves nothing to exclude.
     assert_matches(draw_many(top_k=3, xtc_threshold=p[0] - 0.01, xtc_probability=1.0), p)
+
+
+def test_large_vocab_rows_with_ties_equal_rows_alone(monkeypatch):
+    # A vocabulary wider than the candidates, coarse (tied) logits and a tiny
+    # probe: every widening path runs, and each row still samples from exactly
+    # the reference's kept set, the same token as when alone.
+    monkeypatch.setattr(sampler_module, "PROBE_WIDTH", 3)
+    monkeypatch.setattr(sampler_module, "WIDEN", 4)
+    rng = random.Random(31)
+    torch.manual_seed(31)
+    vocab, n = 400, 48
+    logits = (torch.randn(n, vocab) * 4).round() / 2
+    rows = []
+    for i in range(n):
+        rows.append(make_row(
+            [1, 2], [3], seed=200 + i,
+            temperature=rng.choice([0.0, 0.7, 1.0, 1.9]),
+            top_k=rng.choice([0, 0, 1, 5, 30]),
+            top_p=rng.choice([1.0, 0.99, 0.9, 0.5]),
+            min_p=rng.choice([0.0, 0.0, 0.01, 0.2]),
+            xtc_threshold=rng.choice([0.0, 0.05]),
+            xtc_probability=rng.choice([0.0, 1.0]),
+            logprobs=rng.choice([None, 0, 4]),
+        ))
+    out = sampler(logits, rows)
+    for i, row in enumerate(rows):
+        solo = sampler(logits[i : i + 1], [fresh(row, 200 + i)])
+        assert solo.token_ids[0] == out.token_ids[i]
+        assert solo.logprobs[0] == out.logprobs[i]
+        p = row.params
+        if p.is_greedy:
+            continue
+        x = logits[i : i + 1] / p.temperature
+        for apply, value in ((lp.apply_top_k, p.top_k), (lp.apply_top_p, p.top_p), (lp.apply_min_p, p.min_p)):
+            apply(x, torch.tensor([value]))
+        # XTC only ever removes tokens from this set; among equal logits the
+        # reference's sort keeps an arbitrary few, so compare by logit.
+        assert logits[i, out.token_ids[i]] >= logits[i][~torch.isinf(x[0])].min(), i
+
+
+def test_top_logprobs_break_ties_by_token_id():
+    logits = torch.zeros(2, V)
+    logits[:, [9, 4, 20, 13]] = 1.0
+    rows = [make_row(logprobs=3, temperature=0.0), make_row(logprobs=3, top_k=2)]
+    out = sampler(logits, rows)
+    assert [[t for t, _ in o.top] for o in out.logprobs] == [[4, 9, 13], [4, 9, 13]]
+    assert sampler.score(logits, rows, out.token_ids) == out.logprobs
+    assert out.token_ids[0] == 4 and out.token_ids[1] in (4, 9, 13, 20)
 
 
 # --- seeded reproducibility ------------------------------------------------------------
