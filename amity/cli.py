@@ -25,7 +25,7 @@ def _generate(args: argparse.Namespace) -> None:
 def _serve(args: argparse.Namespace) -> None:
     from amity.server.main import serve
 
-    serve(from_namespace(EngineConfig, args), from_namespace(ServerConfig, args))
+    sys.exit(serve(from_namespace(EngineConfig, args), from_namespace(ServerConfig, args)))
 
 
 def build_parser() -> argparse.ArgumentParser:
