@@ -10,6 +10,7 @@ import itertools
 import logging
 import os
 import random
+import threading
 from collections.abc import Iterable
 
 import torch
@@ -23,6 +24,7 @@ from amity.engine.request import Request, RequestStatus
 from amity.engine.sampler import Sampler, SamplingRow
 from amity.engine.sampling_params import SamplingParams
 from amity.engine.scheduler import Scheduler
+from amity.engine import structured_output
 from amity.engine.model_runner import ModelRunner
 from amity.models.dtype import resolve_device, resolve_dtype
 from amity.models.loader import LoadedModel, load_model
@@ -88,11 +90,31 @@ class LLMEngine:
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.num_steps = 0
         self._generate_ids = itertools.count()
+        self._structured: structured_output.StructuredOutputCompiler | None = None
+        self._structured_lock = threading.Lock()
         logger.info("engine: %s on %s (%s), %d KV blocks of %d tokens, context %d",
                     self.model_path.name, self.device, self.dtype, self.num_blocks,
                     self.block_size, self.max_model_len)
 
     # -- requests ---------------------------------------------------------
+
+    @property
+    def structured_outputs(self) -> structured_output.StructuredOutputCompiler:
+        """The grammar compiler (issue 5), made on first use; thread-safe."""
+        with self._structured_lock:
+            if self._structured is None:
+                self._structured = structured_output.StructuredOutputCompiler(
+                    self.tokenizer.hf, self.vocab_size, self.tokenizer.eos_token_ids)
+            return self._structured
+
+    def compile_structured_output(self, params: SamplingParams):
+        """The compiled grammar of `params` (None when unconstrained), from the cache
+        after the first time; RequestError for a schema or regex it refuses. Safe to call
+        from any thread: the server calls it on a worker thread before submitting."""
+        spec = params.structured_output
+        if spec is None or not spec.constrains:
+            return None
+        return self.structured_outputs.compile(spec)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams,
                  embedding_to_replace: list[float] | None = None,
@@ -152,6 +174,7 @@ class LLMEngine:
                     f"`embedding_to_replace` has {len(vectors)} numbers; it needs "
                     f"{len(indices)} indices x hidden size {self.hidden_size} = "
                     f"{len(indices) * self.hidden_size}", "embedding_to_replace")
+        self.compile_structured_output(params)  # issue 5: a refused grammar is a RequestError
 
     def _max_output_tokens(self, num_prompt: int, params: SamplingParams) -> int:
         if params.max_tokens is not None:
@@ -177,6 +200,7 @@ class LLMEngine:
         min_output = params.min_tokens
         if params.min_total_tokens is not None:
             min_output = max(0, params.min_total_tokens - num_prompt)
+        compiled = self.compile_structured_output(params)  # cached by validate
         group = []
         for i in range(params.n):
             seed = params.seed_for_choice(i)
@@ -188,6 +212,8 @@ class LLMEngine:
                 min_output_tokens=min_output, replaced_embeddings=replaced,
                 forced_token_ids=list(params.forced_output_tokens or []),
                 prefix_source=group[0] if group and self.config.enable_prefix_caching else None)
+            if compiled is not None:
+                request.grammar = self.structured_outputs.matcher(compiled, eos)
             group.append(request)
             self.detokenizers[request.request_id] = IncrementalDetokenizer(
                 self.tokenizer, prompt_token_ids, params.stop, params.skip_special_tokens)
@@ -229,9 +255,19 @@ class LLMEngine:
         new_tokens: dict[str, list[int]] = {}
         new_logprobs: dict[str, list] = {}
         if sample_rows:
-            out = self.sampler(result.logits[sample_idx], sample_rows)
+            logits = result.logits[sample_idx]  # a copy: the grammar masks edit it in place
+            # Issue 5: constrained rows' disallowed tokens to -inf, before every processor.
+            constrained = [k for k, r in enumerate(sample_requests) if r.grammar is not None]
+            if constrained:
+                structured_output.apply_bitmasks(
+                    logits, constrained, [sample_requests[k].grammar for k in constrained])
+            out = self.sampler(logits, sample_rows)
             for request, token, logprob in zip(sample_requests, out.token_ids, out.logprobs):
                 request.output_token_ids.append(token)
+                if request.grammar is not None and not request.grammar.accept(token):
+                    logger.error("request %s: the grammar refused sampled token %d",
+                                 request.request_id, token)
+                    request.grammar_failed = True
                 new_tokens.setdefault(request.request_id, []).append(token)
                 if logprob is not None:
                     new_logprobs.setdefault(request.request_id, []).append(logprob)
@@ -271,6 +307,11 @@ class LLMEngine:
         if request.forced_token_ids:
             done = request.num_output_tokens == len(request.forced_token_ids)
             return RequestStatus.FINISHED_STOPPED if done else None
+        if request.grammar is not None:  # issue 5: the grammar decides where output ends
+            if request.grammar_failed:
+                return RequestStatus.FINISHED_LENGTH
+            if request.grammar.is_terminated():
+                return RequestStatus.FINISHED_STOPPED
         output = request.output_token_ids
         if request.num_output_tokens >= request.min_output_tokens:
             if output[-1] in request.eos_token_ids:

@@ -58,6 +58,11 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     arrival_time: float = field(default_factory=time.monotonic)
     generator: torch.Generator | None = None
+    # Structured output (issue 5): the request's grammar matcher (a
+    # structured_output.GrammarMatcher), advanced with each sampled token; set when the
+    # grammar refused a sampled token (the output then ends as `length`).
+    grammar: object | None = None
+    grammar_failed: bool = False
 
     def __post_init__(self) -> None:
         if not self.params.is_greedy:

@@ -9,6 +9,7 @@ server into their token form (`bad_word_tokens`) before they get here.
 from dataclasses import dataclass, field
 
 from amity.engine.errors import RequestError
+from amity.engine.structured_output import StructuredOutputSpec
 
 
 @dataclass
@@ -52,6 +53,10 @@ class SamplingParams:
     encoder_repetition_penalty: float = 1.0
 
     skip_special_tokens: bool = True
+
+    # Structured output (issue 5): the grammar the output must follow; None or kind
+    # "text" constrains nothing.
+    structured_output: StructuredOutputSpec | None = None
 
     def __post_init__(self) -> None:
         self._validate()
@@ -128,3 +133,9 @@ class SamplingParams:
             "forced_output_tokens",
             "must not be empty",
         )
+        # Structured output (issue 5): the spec makes `min_tokens` unsupported with it.
+        if self.structured_output is not None and self.structured_output.constrains:
+            check(not self.min_tokens and self.min_total_tokens is None, "min_tokens",
+                  "is unsupported together with `response_format`; drop one of them")
+            check(self.forced_output_tokens is None, "forced_output_tokens",
+                  "cannot be combined with `response_format`; drop one of them")

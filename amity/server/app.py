@@ -83,6 +83,18 @@ class ServerState:
             )
 
 
+def error_responses(model: type = s.HTTPValidationError) -> dict:
+    """The error responses every API operation can give, for the OpenAPI document: its
+    clients (and schemathesis) hold the server to exactly these."""
+    return {
+        404: {"model": model, "description": "`model` names a model this server does not serve."},
+        422: {"model": model, "description": "The body is not valid JSON, or breaks the schema "
+                                             "or a value range; `loc` names the field to change."},
+        503: {"model": model, "description": "The model is still loading, or too many requests "
+                                             "are waiting (see `Retry-After`)."},
+    }
+
+
 def state_of(request: Request) -> ServerState:
     return request.app.state.amity
 
@@ -107,6 +119,8 @@ def _pydantic_detail(exc: RequestValidationError) -> list[dict]:
         msg = e.get("msg", "invalid value")
         # pydantic's "Value error, ..." prefix says nothing to the client.
         msg = msg.removeprefix("Value error, ")
+        if e.get("type") == "json_invalid":
+            msg = f"the body is not valid JSON ({e.get('ctx', {}).get('error', msg)}); send a JSON object"
         loc = [p for p in e.get("loc", ()) if not (isinstance(p, str) and "[" in p)]
         out.append({"loc": loc, "msg": msg, "type": e.get("type", "value_error")})
     return out or [{"loc": ["body"], "msg": "invalid request", "type": "value_error"}]
@@ -115,7 +129,14 @@ def _pydantic_detail(exc: RequestValidationError) -> list[dict]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError):
-        return _error_response(request, 422, _pydantic_detail(exc))
+        detail = _pydantic_detail(exc)
+        ctype = request.headers.get("content-type", "")
+        if detail[0]["loc"] == ["body"] and "json" not in ctype.lower():
+            # FastAPI does not parse a body sent as another type: say what it expects.
+            detail = [{"loc": ["body"], "type": "content_type",
+                       "msg": f"the body must be JSON sent with `Content-Type: application/json` "
+                              f"(got {ctype or 'no content type'!r})"}]
+        return _error_response(request, 422, detail)
 
     @app.exception_handler(InvalidRequest)
     async def on_invalid(request: Request, exc: InvalidRequest):
@@ -137,6 +158,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 400:
+            # FastAPI's answer to a body it cannot even decode (not UTF-8, say): bad
+            # input like malformed JSON, so the same 422.
+            return _error_response(request, 422, [{
+                "loc": ["body"], "type": "json_invalid",
+                "msg": "the body could not be read: send a JSON object encoded as UTF-8"}])
         return _error_response(
             request, exc.status_code, [{"loc": [], "msg": str(exc.detail), "type": "http_error"}])
 

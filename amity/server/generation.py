@@ -68,6 +68,11 @@ class Generation:
         if self.tracker:
             self.tracker.submitted()
         try:
+            # Issue 5: compile the grammar (cached by schema) on a worker thread, so that
+            # neither the event loop nor the engine loop waits for it; refusals are 422s.
+            core = getattr(self.engine, "engine", None)
+            if self.params.structured_output is not None and core is not None:
+                await asyncio.to_thread(core.compile_structured_output, self.params)
             for i, ids in enumerate(self.prompts):
                 rid = self.request_id if len(self.prompts) == 1 else f"{self.request_id}-{i}"
                 it = aiter(self.engine.generate(rid, ids, self.params, **self.generate_kwargs))

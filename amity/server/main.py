@@ -9,7 +9,9 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import signal
 import sys
+import threading
 
 import uvicorn
 from starlette.applications import Starlette
@@ -31,6 +33,27 @@ class _QuietServer(uvicorn.Server):
         yield
 
 
+class _MainServer(uvicorn.Server):
+    """SIGTERM/SIGINT drain and stop the server, as uvicorn does, but are not re-raised
+    afterwards: uvicorn's own `capture_signals` re-raises the signal once drained, which
+    kills the process (exit code -15) before the engine shuts down. Stopping on a
+    signal is the normal way to end `amity serve`, so it exits with 0. A second Ctrl-C
+    still forces the exit (uvicorn's `handle_exit`)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+
 def _bound_url(server: uvicorn.Server, host: str) -> str:
     for s in server.servers:
         for sock in s.sockets:
@@ -43,7 +66,7 @@ async def serve_async(engine_config: EngineConfig, server_config: ServerConfig) 
 
     app = build_app(None, server_config)
     state = app.state.amity
-    server = uvicorn.Server(uvicorn.Config(
+    server = _MainServer(uvicorn.Config(
         app, host=server_config.host, port=server_config.port, log_level="info",
         timeout_graceful_shutdown=None,  # drain: wait for every in-flight request
     ))

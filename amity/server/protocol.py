@@ -6,6 +6,7 @@ becomes an `InvalidRequest` that the app renders as a 422 naming the field to ch
 Outbound: engine logprobs become the OpenAI/Friendli logprob shapes.
 """
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -13,6 +14,7 @@ from functools import lru_cache
 from amity.engine.errors import RequestError
 from amity.engine.outputs import TokenLogprob
 from amity.engine.sampling_params import SamplingParams
+from amity.engine.structured_output import StructuredOutputSpec
 from amity.models.tokenizer import Tokenizer
 from amity.server import schemas as s
 
@@ -43,10 +45,35 @@ class ModelInfo:
     max_model_len: int
 
 
+# Choices one request may ask for (`n` times the number of prompts). Each choice is a
+# sequence in the engine's queue: without a cap, one request with a huge `n` would
+# fill the queue (everyone else then gets 503) and hang its own client for minutes.
+MAX_CHOICES_PER_REQUEST = 128
+
+
+def check_num_choices(num_prompts: int, n: int) -> None:
+    total = num_prompts * n
+    if total > MAX_CHOICES_PER_REQUEST:
+        what = f"n={n}" if num_prompts == 1 else f"{num_prompts} prompts x n={n}"
+        raise InvalidRequest(
+            f"this request asks for {total} choices ({what}); a request may ask for at most "
+            f"{MAX_CHOICES_PER_REQUEST}: lower `n`" + (" or send fewer prompts" if num_prompts > 1 else ""),
+            ["n"],
+        )
+
+
 def make_sampling_params(fields: dict) -> SamplingParams:
     """`fields` uses SamplingParams' names; None values mean "the default"."""
     try:
         return SamplingParams(**{k: v for k, v in fields.items() if v is not None})
+    except RequestError as err:
+        raise InvalidRequest.from_request_error(err) from None
+
+
+def with_structured_output(params: SamplingParams, spec: StructuredOutputSpec) -> SamplingParams:
+    """`params` constrained by `spec` (issue 5), revalidated (min_tokens is refused)."""
+    try:
+        return dataclasses.replace(params, structured_output=spec)
     except RequestError as err:
         raise InvalidRequest.from_request_error(err) from None
 
@@ -97,28 +124,53 @@ def bad_word_tokens(words: list[str], tokenizer: Tokenizer) -> list[list[int]]:
     return out
 
 
-def check_response_format(body: s.GenerationFields) -> None:
+def check_response_format(body: s.GenerationFields) -> StructuredOutputSpec | None:
+    """`response_format` as the engine's structured-output spec (issue 5); the grammar is
+    compiled (and a bad schema or regex refused) when the request is submitted."""
     fmt = body.response_format
     if fmt is None:
-        return
+        return None
     if body.min_tokens:
         raise InvalidRequest(
             "`min_tokens` is unsupported together with `response_format`; drop one of them",
             ["min_tokens"],
         )
-    if fmt.type != "text":
-        # Structured outputs land with their own issue; until then say so plainly.
-        raise InvalidRequest(
-            f"`response_format` of type {fmt.type!r} is not supported by this server yet; "
-            "use type 'text' or leave it out",
-            ["response_format", "type"],
-            type="not_supported",
-        )
+    if fmt.type == "text":
+        return None
+    if fmt.type == "json_schema":
+        return StructuredOutputSpec("json_schema", fmt.json_schema.schema_)
+    if fmt.type == "regex":
+        return StructuredOutputSpec("regex", fmt.schema_)
+    return StructuredOutputSpec("json_object")
+
+
+def tool_call_spec(tools: list[dict] | None, name: str | None, parallel: bool,
+                   loc: str = "tool_choice") -> StructuredOutputSpec:
+    """A forced tool call (issue 5) as a JSON schema over what `ChoiceParser` reads
+    back: `{"name": N, "arguments": {...}}` for one call, a non-empty list of them when
+    parallel calls are allowed; each call's arguments follow its tool's parameters.
+    `name` forces that tool; None allows any of `tools`."""
+    if not tools:
+        raise InvalidRequest(f"`{loc}` forces a tool call but no `tools` are given", [loc])
+    if name is not None:
+        tools = [t for t in tools if t["function"]["name"] == name]
+        if not tools:
+            raise InvalidRequest(f"`{loc}` names the tool {name!r}, which is not in `tools`", [loc])
+    calls = []
+    for t in tools:
+        fn = t["function"]
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        calls.append({"type": "object", "properties": {"name": {"const": fn["name"]},
+                                                       "arguments": params},
+                      "required": ["name", "arguments"]})
+    call = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    schema = {"type": "array", "items": call, "minItems": 1} if parallel else call
+    return StructuredOutputSpec("json_schema", schema, field="tools")
 
 
 def generation_fields(body: s.GenerationFields, info: ModelInfo) -> dict:
     """The fields completions and chat share, in SamplingParams' names."""
-    check_response_format(body)
+    structured = check_response_format(body)
     if body.eos_token is not None:
         check_token_ids(body.eos_token, info.vocab_size, ["eos_token"])
     return {
@@ -137,6 +189,7 @@ def generation_fields(body: s.GenerationFields, info: ModelInfo) -> dict:
         "eos_token": body.eos_token,
         "max_tokens": body.max_tokens,
         "min_tokens": body.min_tokens,
+        "structured_output": structured,
     }
 
 

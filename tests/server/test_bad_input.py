@@ -1,6 +1,8 @@
 """Bad input: a 422 in the spec's shape that names the field, never a 500 or a hang,
 and the server keeps serving."""
 
+import time
+
 import pytest
 
 LONG = "word " * 2100  # past the 2048-token context the test server runs with
@@ -30,6 +32,21 @@ CASES = [
     ("/v1/completions", {"prompt": "x", "encoder_no_repeat_ngram": 3}, "encoder_no_repeat_ngram"),
     ("/v1/completions", {"prompt": "x", "embedding_to_replace": [0.1]}, "token_index_to_replace"),
     ("/v1/completions", {"prompt": 5}, "prompt"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 50}, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "top_k": -1}, "top_k"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 1, "n": 10**6}, "n"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 1, "n": 10**30}, "n"),
+    ("/v1/completions", {"prompt": ["x"] * 20, "max_tokens": 1, "n": 10}, "n"),
+    ("/v1/completions", {"prompt": "x", "embedding_to_replace": [0.1, 0.2],
+                         "token_index_to_replace": [0]}, "embedding_to_replace"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 10**30}, "max_tokens"),
+    ("/v1/completions", {"tokens": [10**30]}, "tokens"),
+    ("/v1/completions", {"prompt": "x " * 500_000}, "prompt"),  # 1 MB
+    ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 1, "n": 10**6}, "n"),
+    ("/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": -1}, "logprobs"),
+    ("/v1/chat/completions", {"messages": CHAT, "top_k": -3}, "top_k"),
+    ("/v1/detokenize", {"tokens": [10**30]}, "tokens"),
     ("/v1/chat/completions", {"messages": []}, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, "messages"),
     ("/v1/chat/completions", {"messages": CHAT, "top_logprobs": 2}, "body"),
@@ -57,6 +74,33 @@ def test_bad_input_is_422(http, path, body, field):
         assert set(item) == {"loc", "msg", "type"}
         assert item["loc"][0] == "body" and item["msg"]
     assert any(field in map(str, item["loc"]) for item in detail), detail
+
+
+@pytest.mark.parametrize("content,ctype,type_", [
+    (b'{"prompt": "\xff\xfe", "max_tokens": 1}', "application/json", "json_invalid"),  # not UTF-8
+    (b"[" * 100_000 + b"]" * 100_000, "application/json", "json_invalid"),  # nested too deep
+    (b'{"prompt": ' + b'{"a": ' * 5000 + b"1" + b"}" * 5001, "application/json", "json_invalid"),
+    (b'{"prompt": "x", "max_tokens": 1}', "text/plain", "content_type"),
+    (b"prompt=x&max_tokens=1", "application/x-www-form-urlencoded", "content_type"),
+    (b'{"prompt": "x", "max_tokens": 1}', None, "content_type"),
+    (b"", "application/json", "missing"),
+    (b"[1, 2]", "application/json", "model_attributes_type"),
+], ids=["non-utf8", "nested-array", "nested-object", "text-plain", "form", "no-content-type",
+        "empty", "array"])
+def test_unreadable_bodies_are_422(http, content, ctype, type_):
+    headers = {"content-type": ctype} if ctype else {}
+    res = http.post("/v1/completions", content=content, headers=headers, timeout=30)
+    assert res.status_code == 422, res.text
+    [item] = res.json()["detail"]
+    assert item["loc"] == ["body"] and item["type"] == type_ and item["msg"], item
+
+
+def test_huge_n_is_refused_at_once_and_disturbs_no_one(http):
+    started = time.monotonic()
+    res = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1, "n": 10**6})
+    assert res.status_code == 422 and time.monotonic() - started < 5, res.text
+    res = http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2}, timeout=20)
+    assert res.status_code == 200, res.text
 
 
 def test_malformed_json_is_422(http):

@@ -9,10 +9,9 @@ from fastapi import APIRouter, Request
 from amity.engine.outputs import TokenLogprob
 from amity.server import chat_prompt, protocol
 from amity.server import schemas as s
-from amity.server.app import ServerState, state_of
+from amity.server.app import ServerState, error_responses, state_of
 from amity.server.chat_output import ChoiceParser, Pieces
 from amity.server.generation import Generation, run_unless_disconnected
-from amity.server.protocol import InvalidRequest
 from amity.server.routes.completions import start_generation
 from amity.server.sse import DONE, SSEResponse, data_frame
 
@@ -63,15 +62,15 @@ class ChatRequest:
 
 def translate(body: s.ChatCompletionBody, state: ServerState) -> ChatRequest:
     tool_choice = body.tool_choice or "auto"
-    if not isinstance(tool_choice, str) or tool_choice == "required":
-        # Forcing a call needs constrained decoding (the structured-outputs work).
-        raise InvalidRequest(
-            "forcing a tool call (`tool_choice` 'required' or a named function) is not "
-            "supported yet; use 'auto' or 'none'", ["tool_choice"], type="not_supported")
     tools = chat_prompt.tool_dicts(body.tools) if tool_choice != "none" else None
     prompt = chat_prompt.render(state.info, chat_prompt.message_dicts(body.messages), tools,
                                 body.chat_template_kwargs)
     params = protocol.chat_sampling_params(body, state.info)
+    if not isinstance(tool_choice, str) or tool_choice == "required":
+        # Issue 5: a forced call is a grammar over the calls of the allowed tool(s).
+        forced = None if isinstance(tool_choice, str) else tool_choice.function.name
+        spec = protocol.tool_call_spec(tools, forced, body.parallel_tool_calls is not False)
+        params = protocol.with_structured_output(params, spec)
     parse_reasoning = bool(body.parse_reasoning)
     names = {t["function"]["name"] for t in tools} if tools else None
 
@@ -87,7 +86,7 @@ def translate(body: s.ChatCompletionBody, state: ServerState) -> ChatRequest:
 @router.post(
     "/v1/chat/completions",
     response_model=s.ChatCompleteSuccess,
-    responses={200: STREAM_DOC, 422: {"model": s.HTTPValidationError}},
+    responses={200: STREAM_DOC, **error_responses()},
 )
 async def chat_completions(body: s.ChatCompletionBody, request: Request):
     state = state_of(request)
@@ -180,7 +179,7 @@ async def _stream(gen: Generation, chat: ChatRequest, state: ServerState, includ
 
 
 @router.post("/v1/chat/render", response_model=s.ChatRenderSuccess,
-             responses={422: {"model": s.HTTPValidationError}})
+             responses=error_responses())
 async def chat_render(body: s.ChatRenderBody, request: Request):
     state = state_of(request)
     state.resolve_model(body.model)

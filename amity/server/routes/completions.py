@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from amity.engine.outputs import FinalOutput
 from amity.server import protocol
 from amity.server import schemas as s
-from amity.server.app import ServerState, state_of
+from amity.server.app import ServerState, error_responses, state_of
 from amity.server.generation import Generation, new_id, run_unless_disconnected
 from amity.server.sse import DONE, SSEResponse, data_frame
 
@@ -23,6 +23,7 @@ async def start_generation(request: Request, state: ServerState, prefix: str,
                            prompts: list[list[int]], params, **kwargs) -> Generation:
     """Admit, submit and wait for the first step (bad input raises a 422 here) — the
     same start for every generating API."""
+    protocol.check_num_choices(len(prompts), params.n)
     state.admit()
     gen = Generation(state.engine, new_id(prefix), prompts, params,
                      tracker=state.metrics.track(len(prompts) * params.n), **kwargs)
@@ -33,7 +34,7 @@ async def start_generation(request: Request, state: ServerState, prefix: str,
 @router.post(
     "/v1/completions",
     response_model=s.CompletionsSuccess,
-    responses={200: STREAM_DOC, 422: {"model": s.HTTPValidationError}},
+    responses={200: STREAM_DOC, **error_responses()},
 )
 async def completions(body: s.CompletionsBody, request: Request):
     state = state_of(request)

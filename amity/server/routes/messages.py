@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 
 from amity.server import chat_prompt, protocol
 from amity.server import messages_schemas as m
-from amity.server.app import ServerState, state_of
+from amity.server.app import ServerState, error_responses, state_of
 from amity.server.chat_output import ChoiceParser, ToolCall
 from amity.server.generation import Generation, new_id, run_unless_disconnected
 from amity.server.protocol import InvalidRequest
@@ -77,10 +77,6 @@ def chat_messages(body: m.MessagesBody) -> list[dict]:
 
 def translate(body: m.MessagesBody, state: ServerState):
     choice = body.tool_choice.type if body.tool_choice else "auto"
-    if choice in ("any", "tool"):
-        raise InvalidRequest(
-            "forcing a tool call (`tool_choice` 'any' or 'tool') is not supported yet; "
-            "use 'auto' or 'none'", ["tool_choice", "type"], type="not_supported")
     tools = None
     if body.tools and choice != "none":
         tools = [{"type": "function", "function": {
@@ -95,6 +91,14 @@ def translate(body: m.MessagesBody, state: ServerState):
     thinking = bool(body.thinking and body.thinking.type != "disabled")
     names = {t["function"]["name"] for t in tools} if tools else None
     parallel = not (body.tool_choice and body.tool_choice.disable_parallel_tool_use)
+    if choice in ("any", "tool"):
+        # Issue 5: a forced call is a grammar over the calls of the allowed tool(s).
+        if choice == "tool" and not body.tool_choice.name:
+            raise InvalidRequest("`tool_choice` of type 'tool' needs the tool's `name`",
+                                 ["tool_choice", "name"])
+        spec = protocol.tool_call_spec(tools, body.tool_choice.name if choice == "tool" else None,
+                                       parallel)
+        params = protocol.with_structured_output(params, spec)
 
     def make_parser() -> ChoiceParser:
         return ChoiceParser(parse_reasoning=thinking, starts_in_reasoning=prompt.starts_in_reasoning,
@@ -106,7 +110,7 @@ def translate(body: m.MessagesBody, state: ServerState):
 @router.post(
     "/v1/messages",
     response_model=m.MessagesSuccess,
-    responses={200: STREAM_DOC, 422: {"model": MessagesErrorResponse}},
+    responses={200: STREAM_DOC, **error_responses(MessagesErrorResponse)},
 )
 async def messages(body: m.MessagesBody, request: Request):
     state = state_of(request)

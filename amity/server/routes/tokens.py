@@ -3,14 +3,14 @@
 from fastapi import APIRouter, Request
 
 from amity.server import schemas as s
-from amity.server.app import state_of
+from amity.server.app import error_responses, state_of
 from amity.server.protocol import check_token_ids
 
 router = APIRouter()
 
 
 @router.post("/v1/tokenize", response_model=s.TokenizationSuccess,
-             responses={422: {"model": s.HTTPValidationError}})
+             responses=error_responses())
 async def tokenize(body: s.TokenizationBody, request: Request):
     state = state_of(request)
     state.resolve_model(body.model)
@@ -19,7 +19,7 @@ async def tokenize(body: s.TokenizationBody, request: Request):
 
 
 @router.post("/v1/detokenize", response_model=s.DetokenizationSuccess,
-             responses={422: {"model": s.HTTPValidationError}})
+             responses=error_responses())
 async def detokenize(body: s.DetokenizationBody, request: Request):
     state = state_of(request)
     state.resolve_model(body.model)

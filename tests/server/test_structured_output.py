@@ -1,0 +1,237 @@
+"""Structured output (issue 5) over HTTP and through the `openai` and `anthropic` SDKs:
+`response_format` in completions and chat, forced tool calls in chat and messages,
+streaming and not; refused schemas and regexes are 422s and the server keeps serving."""
+
+import json
+import re
+
+import anthropic
+import jsonschema
+import openai
+import pytest
+
+from tests.server.conftest import sse_data
+
+SYSTEM = {"role": "system", "content": "You are an API generating valid JSON as output."}
+ITEM = {
+    "type": "object",
+    "properties": {
+        "item": {"type": "string", "maxLength": 12},
+        "count": {"type": "integer", "minimum": 1, "maximum": 99},
+        "unit": {"enum": ["kg", "g", "piece"]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 8},
+                 "minItems": 1, "maxItems": 2},
+    },
+    "required": ["item", "count", "unit", "tags"],
+}
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 16},
+                   "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+}
+TIME = {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 12}},
+        "required": ["zone"]}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                      "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "description": "Time in a zone",
+                                      "parameters": TIME}},
+]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="ignored", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def claude(server):
+    return anthropic.Anthropic(base_url=server.url, api_key="ignored", max_retries=0)
+
+
+def test_completions_json_schema_regex_and_object(http):
+    prompt = "A shopping list entry as JSON: "
+    formats = {
+        "schema": {"type": "json_schema", "json_schema": {"name": "item", "schema": ITEM}},
+        "regex": {"type": "regex", "schema": r"[A-Z][a-z]{2,8} (is|was) [0-9]{1,2}\."},
+        "object": {"type": "json_object"},
+    }
+    for name, fmt in formats.items():
+        res = http.post("/v1/completions", json={
+            "prompt": prompt, "n": 6, "seed": 3, "temperature": 1.0, "max_tokens": 48,
+            "response_format": fmt})
+        assert res.status_code == 200, res.text
+        stopped = [c["text"] for c in res.json()["choices"] if c["finish_reason"] == "stop"]
+        assert len(stopped) >= 2, (name, res.json()["choices"])
+        for text in stopped:
+            if name == "schema":
+                jsonschema.validate(json.loads(text), ITEM)
+            elif name == "regex":
+                assert re.fullmatch(fmt["schema"], text), text
+            else:
+                assert isinstance(json.loads(text), dict), text
+
+
+def test_chat_json_schema_streaming_and_not(http):
+    body = {"messages": [SYSTEM, {"role": "user", "content": "Describe a grocery item."}],
+            "n": 4, "seed": 1, "temperature": 1.0, "max_tokens": 48,
+            "response_format": {"type": "json_schema", "json_schema": {"schema": ITEM}}}
+    res = http.post("/v1/chat/completions", json=body)
+    assert res.status_code == 200, res.text
+    texts = [c["message"]["content"] for c in res.json()["choices"] if c["finish_reason"] == "stop"]
+    streamed: dict[int, str] = {}
+    finish: dict[int, str] = {}
+    res = http.post("/v1/chat/completions", json=body | {"stream": True})
+    for data in sse_data(res.text):
+        if data == "[DONE]":
+            continue
+        for c in json.loads(data)["choices"]:
+            streamed[c["index"]] = streamed.get(c["index"], "") + (c["delta"].get("content") or "")
+            if c["finish_reason"]:
+                finish[c["index"]] = c["finish_reason"]
+    texts += [streamed[i] for i, f in finish.items() if f == "stop"]
+    assert len(texts) >= 2
+    for text in texts:
+        jsonschema.validate(json.loads(text), ITEM)
+
+
+BAD = [
+    ({"type": "json_schema", "json_schema": {"schema": {"type": "frobnicate"}}}, "frobnicate"),
+    ({"type": "json_schema", "json_schema": {"schema": {"$ref": "#/$defs/nope"}}}, "nope"),
+    ({"type": "json_schema", "json_schema": {"schema": {"not": {"type": "string"}}}}, "'not'"),
+    ({"type": "regex", "schema": "(?=x)y"}, "lookahead"),
+    ({"type": "regex", "schema": "(?<=x)y"}, "lookbehind"),
+    ({"type": "regex", "schema": "^start"}, "`^`"),
+    ({"type": "regex", "schema": r"\p{Lu}"}, r"`\p`"),
+    ({"type": "regex", "schema": r"(a)\1"}, "back-reference"),
+]
+
+
+@pytest.mark.parametrize("fmt, words", BAD, ids=[w for _, w in BAD])
+def test_refused_formats_are_422_and_the_server_keeps_serving(http, fmt, words):
+    for path, body in [("/v1/completions", {"prompt": "x", "max_tokens": 4}),
+                       ("/v1/chat/completions", {"messages": ASK, "max_tokens": 4})]:
+        res = http.post(path, json=body | {"response_format": fmt})
+        assert res.status_code == 422, res.text
+        detail = res.json()["detail"]
+        assert detail[0]["loc"] == ["body", "response_format"]
+        assert words in detail[0]["msg"], detail
+    res = http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 3})
+    assert res.status_code == 200 and len(res.json()["choices"][0]["tokens"]) == 3
+
+
+def test_tool_with_a_refused_schema_is_422(http):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}]
+    res = http.post("/v1/chat/completions", json={"messages": ASK, "tools": tools,
+                                                  "tool_choice": "required", "max_tokens": 8})
+    assert res.status_code == 422 and res.json()["detail"][0]["loc"] == ["body", "tools"]
+    res = http.post("/v1/chat/completions", json={
+        "messages": ASK, "tools": TOOLS, "max_tokens": 8,
+        "tool_choice": {"type": "function", "function": {"name": "missing"}}})
+    assert res.status_code == 422 and "missing" in res.json()["detail"][0]["msg"]
+
+
+def _check_calls(calls, names: set[str], parallel: bool):
+    assert calls and (parallel or len(calls) == 1)
+    for call in calls:
+        assert call.type == "function" and call.id and call.function.name in names
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_openai_sdk_forced_tool_calls(oai):
+    cases = [("required", set(SCHEMAS), True),
+             ({"type": "function", "function": {"name": "get_time"}}, {"get_time"}, False)]
+    for choice, names, parallel in cases:
+        done = 0
+        for seed in range(2):
+            res = oai.chat.completions.create(
+                model=None, messages=ASK, tools=TOOLS, tool_choice=choice, seed=seed,
+                parallel_tool_calls=parallel, temperature=1.0, max_tokens=96)
+            c = res.choices[0]
+            if c.finish_reason == "length":
+                continue
+            assert c.finish_reason == "tool_calls", c
+            assert not c.message.content
+            _check_calls(c.message.tool_calls, names, parallel)
+            done += 1
+        assert done >= 1
+
+
+def test_openai_sdk_forced_tool_calls_streaming(oai):
+    done = 0
+    for seed in range(4):
+        stream = oai.chat.completions.create(
+            model=None, messages=ASK, tools=TOOLS, seed=seed, temperature=1.0, max_tokens=96,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}}, stream=True)
+        calls: dict[int, dict] = {}
+        finish = None
+        for chunk in stream:
+            for c in chunk.choices:
+                for d in c.delta.tool_calls or []:
+                    acc = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+                    acc["id"] = acc["id"] or d.id
+                    acc["name"] += d.function.name or ""
+                    acc["arguments"] += d.function.arguments or ""
+                finish = c.finish_reason or finish
+        if finish == "length":
+            continue
+        assert finish == "tool_calls" and list(calls) == list(range(len(calls))) and calls
+        for call in calls.values():  # parallel calls are allowed (the default)
+            assert call["id"] and call["name"] == "get_weather"
+            jsonschema.validate(json.loads(call["arguments"]), WEATHER)
+        done += 1
+    assert done >= 2
+
+
+def _anthropic_tools():
+    return [{"name": t["function"]["name"], "description": t["function"]["description"],
+             "input_schema": t["function"]["parameters"]} for t in TOOLS]
+
+
+def test_anthropic_sdk_forced_tool_use(claude, model_name):
+    cases = [({"type": "any"}, set(SCHEMAS)), ({"type": "tool", "name": "get_weather"}, {"get_weather"}),
+             ({"type": "any", "disable_parallel_tool_use": True}, set(SCHEMAS))]
+    for choice, names in cases:
+        done = 0  # Messages take no seed: each try samples afresh
+        for _ in range(3):
+            msg = claude.messages.create(model=model_name, max_tokens=96, messages=ASK,
+                                         tools=_anthropic_tools(), tool_choice=choice,
+                                         )
+            if msg.stop_reason == "max_tokens":
+                continue
+            assert msg.stop_reason == "tool_use", msg
+            uses = [b for b in msg.content if b.type == "tool_use"]
+            assert uses and all(b.type == "tool_use" for b in msg.content)
+            if choice.get("disable_parallel_tool_use"):
+                assert len(uses) == 1
+            for b in uses:
+                assert b.name in names and b.id
+                jsonschema.validate(b.input, SCHEMAS[b.name])
+            done += 1
+        assert done >= 1
+
+
+def test_anthropic_sdk_forced_tool_use_streaming(claude, model_name):
+    done = 0  # Messages take no seed: each try samples afresh
+    for _ in range(3):
+        with claude.messages.stream(model=model_name, max_tokens=96, messages=ASK,
+                                    tools=_anthropic_tools(),
+                                    tool_choice={"type": "tool", "name": "get_time",
+                                                 "disable_parallel_tool_use": True}) as stream:
+            events = list(stream)
+            msg = stream.get_final_message()
+        if msg.stop_reason == "max_tokens":
+            continue
+        assert msg.stop_reason == "tool_use"
+        starts = [e for e in events if e.type == "content_block_start"]
+        assert starts and all(e.content_block.type == "tool_use" for e in starts)
+        assert any(e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+                   for e in events)
+        for b in msg.content:
+            assert b.type == "tool_use" and b.name == "get_time"
+            jsonschema.validate(b.input, TIME)
+        done += 1
+    assert done >= 1
