@@ -12,6 +12,11 @@ from amity.engine.errors import RequestError
 from amity.engine.structured_output import StructuredOutputSpec
 
 
+# Choices one request may ask for. Each is a sequence in the engine's queue: without
+# a cap, one request with a huge `n` fills the queue and starves everyone else.
+MAX_CHOICES_PER_REQUEST = 128
+
+
 @dataclass
 class SamplingParams:
     n: int = 1
@@ -79,7 +84,8 @@ class SamplingParams:
             if not ok:
                 raise RequestError(f"`{name}` {message}", name)
 
-        check(self.n >= 1, "n", "must be at least 1")
+        check(1 <= self.n <= MAX_CHOICES_PER_REQUEST, "n",
+              f"must be between 1 and {MAX_CHOICES_PER_REQUEST}")
         check(self.temperature >= 0.0, "temperature", "must be >= 0")
         check(self.top_k >= 0, "top_k", "must be >= 0 (0 disables top-k)")
         check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]")

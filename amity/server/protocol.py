@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from amity.engine.errors import RequestError
 from amity.engine.outputs import TokenLogprob
-from amity.engine.sampling_params import SamplingParams
+from amity.engine.sampling_params import MAX_CHOICES_PER_REQUEST, SamplingParams
 from amity.engine.structured_output import StructuredOutputSpec
 from amity.models.tokenizer import Tokenizer
 from amity.server import schemas as s
@@ -45,13 +45,8 @@ class ModelInfo:
     max_model_len: int
 
 
-# Choices one request may ask for (`n` times the number of prompts). Each choice is a
-# sequence in the engine's queue: without a cap, one request with a huge `n` would
-# fill the queue (everyone else then gets 503) and hang its own client for minutes.
-MAX_CHOICES_PER_REQUEST = 128
-
-
 def check_num_choices(num_prompts: int, n: int) -> None:
+    """A prompt list multiplies the choices: the engine's cap holds for their product."""
     total = num_prompts * n
     if total > MAX_CHOICES_PER_REQUEST:
         what = f"n={n}" if num_prompts == 1 else f"{num_prompts} prompts x n={n}"
