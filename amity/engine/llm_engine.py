@@ -19,7 +19,7 @@ from amity.config import EngineConfig, parse_memory
 from amity.engine.detokenizer import IncrementalDetokenizer
 from amity.engine.errors import RequestError
 from amity.engine.kv_cache_manager import KVCacheManager
-from amity.engine.outputs import CompletionOutput, FinalOutput, RequestOutput
+from amity.engine.outputs import CompletionOutput, FinalOutput, RequestOutput, TokenLogprob
 from amity.engine.request import Request, RequestStatus
 from amity.engine.sampler import Sampler, SamplingRow
 from amity.engine.sampling_params import SamplingParams
@@ -239,45 +239,15 @@ class LLMEngine:
         self.scheduler.update_after_step(plan)
         self.num_steps += 1
 
-        sample_rows, sample_requests, sample_idx = [], [], []
-        forced_rows, forced_tokens, forced_idx = [], [], []
-        for i, (request, position) in enumerate(result.logit_rows):
-            if request.forced_token_ids:
-                k = position - request.first_logit_position
-                forced_rows.append(self._row(request, request.forced_token_ids[:k]))
-                forced_tokens.append(request.forced_token_ids[k])
-                forced_idx.append(i)
-            else:
-                sample_rows.append(self._row(request, request.output_token_ids))
-                sample_requests.append(request)
-                sample_idx.append(i)
-
         new_tokens: dict[str, list[int]] = {}
-        new_logprobs: dict[str, list] = {}
-        if sample_rows:
-            logits = result.logits[sample_idx]  # a copy: the grammar masks edit it in place
-            # Issue 5: constrained rows' disallowed tokens to -inf, before every processor.
-            constrained = [k for k, r in enumerate(sample_requests) if r.grammar is not None]
-            if constrained:
-                structured_output.apply_bitmasks(
-                    logits, constrained, [sample_requests[k].grammar for k in constrained])
-            out = self.sampler(logits, sample_rows)
-            for request, token, logprob in zip(sample_requests, out.token_ids, out.logprobs):
-                request.output_token_ids.append(token)
-                if request.grammar is not None and not request.grammar.accept(token):
-                    logger.error("request %s: the grammar refused sampled token %d",
-                                 request.request_id, token)
-                    request.grammar_failed = True
-                new_tokens.setdefault(request.request_id, []).append(token)
-                if logprob is not None:
-                    new_logprobs.setdefault(request.request_id, []).append(logprob)
-        if forced_rows:
-            scores = self.sampler.score(result.logits[forced_idx], forced_rows, forced_tokens)
-            for (request, _), token, score in zip((result.logit_rows[i] for i in forced_idx),
-                                                  forced_tokens, scores):
-                request.output_token_ids.append(token)
-                new_tokens.setdefault(request.request_id, []).append(token)
-                new_logprobs.setdefault(request.request_id, []).append(score)
+        new_logprobs: dict[str, list[TokenLogprob]] = {}
+        sampled = [i for i, (r, _) in enumerate(result.logit_rows) if not r.forced_token_ids]
+        forced = [i for i, (r, _) in enumerate(result.logit_rows) if r.forced_token_ids]
+        for request, token, logprob in self._sample(result, sampled) + self._score_forced(result, forced):
+            request.output_token_ids.append(token)
+            new_tokens.setdefault(request.request_id, []).append(token)
+            if logprob is not None:
+                new_logprobs.setdefault(request.request_id, []).append(logprob)
 
         touched_groups: dict[str, list[CompletionOutput]] = {}
         for s in plan.scheduled:
@@ -297,6 +267,37 @@ class LLMEngine:
                 finish_reason=request.status.value if request.is_finished else None,
                 seed=request.seed, num_output_tokens=request.num_output_tokens))
         return [self._group_output(group_id, outs) for group_id, outs in touched_groups.items()]
+
+    def _sample(self, result, indices: list[int]) -> list[tuple[Request, int, TokenLogprob | None]]:
+        """Sample the next token of each request whose logits row is in `indices`."""
+        if not indices:
+            return []
+        requests = [result.logit_rows[i][0] for i in indices]
+        logits = result.logits[indices]  # a copy: the grammar masks edit it in place
+        # Issue 5: constrained rows' disallowed tokens to -inf, before every processor.
+        constrained = [k for k, r in enumerate(requests) if r.grammar is not None]
+        if constrained:
+            structured_output.apply_bitmasks(logits, constrained, [requests[k].grammar for k in constrained])
+        out = self.sampler(logits, [self._row(r, r.output_token_ids) for r in requests])
+        for request, token in zip(requests, out.token_ids):
+            if request.grammar is not None and not request.grammar.accept(token):
+                logger.error("request %s: the grammar refused sampled token %d", request.request_id, token)
+                request.grammar_failed = True
+        return list(zip(requests, out.token_ids, out.logprobs))
+
+    def _score_forced(self, result, indices: list[int]) -> list[tuple[Request, int, TokenLogprob]]:
+        """The forced token at each position in `indices`, with its logprob: all of a
+        request's forced positions come from one pass over prompt + forced tokens."""
+        if not indices:
+            return []
+        rows, picks = [], []
+        for i in indices:
+            request, position = result.logit_rows[i]
+            k = position - request.first_logit_position
+            rows.append(self._row(request, request.forced_token_ids[:k]))
+            picks.append((request, request.forced_token_ids[k]))
+        scores = self.sampler.score(result.logits[indices], rows, [token for _, token in picks])
+        return [(request, token, score) for (request, token), score in zip(picks, scores)]
 
     def _row(self, request: Request, output_token_ids: list[int]) -> SamplingRow:
         return SamplingRow(params=request.params, prompt_token_ids=request.prompt_token_ids,
