@@ -11,7 +11,7 @@ clients sending newer fields keep working.
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
 
 class RequestModel(BaseModel):
@@ -25,9 +25,12 @@ class ResponseModel(BaseModel):
 
 # ---------------------------------------------------------------- shared request parts
 
+# A token id is an integer, never a boolean or a numeric string coerced into one.
+TokenId = Annotated[int, Strict()]
+
 
 class TokenSequence(RequestModel):
-    tokens: list[int] | None = None
+    tokens: list[TokenId] | None = None
 
 
 class StreamOptions(RequestModel):
@@ -83,7 +86,7 @@ class GenerationFields(RequestModel):
     presence_penalty: float | None = None
     seed: list[int] | int | None = None
     stop: list[str] | None = None
-    eos_token: list[int] | None = None
+    eos_token: list[TokenId] | None = None
     response_format: ResponseFormat | None = None
 
 
@@ -95,7 +98,7 @@ class CompletionsBody(GenerationFields):
     `prompt` and `tokens` (checked below, so the error names the field to change)."""
 
     prompt: str | list[str] | None = None
-    tokens: list[int] | None = None
+    tokens: list[TokenId] | None = None
     bad_words: list[str] | None = None
     bad_word_tokens: list[TokenSequence] | None = None
     stop_tokens: list[TokenSequence] | None = None
@@ -105,9 +108,9 @@ class CompletionsBody(GenerationFields):
     no_repeat_ngram: int | None = None
     encoder_no_repeat_ngram: int | None = None
     encoder_repetition_penalty: float | None = None
-    forced_output_tokens: list[int] | None = None
+    forced_output_tokens: list[TokenId] | None = None
     embedding_to_replace: list[float] | None = None
-    token_index_to_replace: list[int] | None = None
+    token_index_to_replace: list[TokenId] | None = None
 
     @model_validator(mode="after")
     def _prompt_xor_tokens(self):
@@ -404,7 +407,7 @@ class TokenizationSuccess(ResponseModel):
 
 class DetokenizationBody(RequestModel):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 class DetokenizationSuccess(ResponseModel):

@@ -61,6 +61,8 @@ CASES = [
     ("/v1/tokenize", {}, "prompt"),
     ("/v1/detokenize", {"tokens": [1, 99999999]}, "tokens"),
     ("/v1/detokenize", {"tokens": "abc"}, "tokens"),
+    ("/v1/detokenize", {"tokens": [False]}, "tokens"),  # a boolean is not a token id
+    ("/v1/completions", {"tokens": [True, 5], "max_tokens": 2}, "tokens"),
 ]
 
 
