@@ -5,7 +5,9 @@ import socket
 import threading
 import time
 
+import anthropic
 import httpx
+import openai
 import pytest
 import uvicorn
 
@@ -60,6 +62,17 @@ def server(engine):
 def http(server):
     with httpx.Client(base_url=server.url, timeout=120) as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+def oai(server):
+    """The `openai` SDK, unchanged, with retries off so a server bug fails fast."""
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="ignored", max_retries=0)
+
+
+@pytest.fixture(scope="session")
+def claude(server):
+    return anthropic.Anthropic(base_url=server.url, api_key="ignored", max_retries=0)
 
 
 @pytest.fixture(scope="session")

@@ -5,16 +5,6 @@ import openai
 import pytest
 
 
-@pytest.fixture(scope="module")
-def oai(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="ignored", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def claude(server):
-    return anthropic.Anthropic(base_url=server.url, api_key="ignored", max_retries=0)
-
-
 def test_completions_n_and_logprobs(oai, model_name):
     res = oai.completions.create(model=model_name, prompt="Once upon a time", max_tokens=5, n=2,
                                  logprobs=3, seed=7)

@@ -5,9 +5,7 @@ streaming and not; refused schemas and regexes are 422s and the server keeps ser
 import json
 import re
 
-import anthropic
 import jsonschema
-import openai
 import pytest
 
 from tests.server.conftest import sse_data
@@ -40,16 +38,6 @@ TOOLS = [
 ]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-
-
-@pytest.fixture(scope="module")
-def oai(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="ignored", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def claude(server):
-    return anthropic.Anthropic(base_url=server.url, api_key="ignored", max_retries=0)
 
 
 def test_completions_json_schema_regex_and_object(http):
