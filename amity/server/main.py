@@ -5,12 +5,10 @@ engine is ready and 200 after. SIGTERM (or Ctrl-C) stops accepting connections, 
 every in-flight request (streams included) finish, then shuts the engine down.
 """
 
-import argparse
 import asyncio
 import contextlib
 import logging
 import signal
-import sys
 import threading
 
 import uvicorn
@@ -18,7 +16,7 @@ from starlette.applications import Starlette
 from starlette.responses import Response
 from starlette.routing import Route
 
-from amity.config import EngineConfig, ServerConfig, add_arguments, from_namespace
+from amity.config import EngineConfig, ServerConfig
 from amity.server.app import build_app
 
 log = logging.getLogger("amity.server")
@@ -124,20 +122,3 @@ async def serve_async(engine_config: EngineConfig, server_config: ServerConfig) 
 def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     return asyncio.run(serve_async(engine_config, server_config))
-
-
-def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    add_arguments(parser, EngineConfig)
-    add_arguments(parser, ServerConfig)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`amity serve ARGS` (the CLI hands its remaining arguments here)."""
-    parser = argparse.ArgumentParser(prog="amity serve", description=__doc__.splitlines()[0])
-    add_serve_arguments(parser)
-    ns = parser.parse_args(argv)
-    return serve(from_namespace(EngineConfig, ns), from_namespace(ServerConfig, ns))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
