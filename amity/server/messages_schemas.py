@@ -78,6 +78,17 @@ class ThinkingConfig(RequestModel):
     budget_tokens: int | None = None
 
 
+class OutputFormat(RequestModel):
+    type: Literal["json_schema"] | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+
+
+class OutputConfig(RequestModel):
+    # `effort` is parsed for portability; one small model has no effort levels to pick from.
+    effort: Literal["low", "medium", "high", "max"] | None = None
+    format: OutputFormat | None = None
+
+
 class MessagesBody(RequestModel):
     model: str | None = None
     messages: list[InputMessage] = Field(min_length=1)
@@ -91,7 +102,11 @@ class MessagesBody(RequestModel):
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
     metadata: dict[str, Any] | None = None
+    # An extension, as in Friendli's chat body: the spec's Messages body allows additional
+    # properties, and without a seed a sampled Messages request could never be reproduced.
+    seed: int | None = None
 
 
 StopReason = Literal["end_turn", "max_tokens", "tool_use", "stop_sequence"]

@@ -179,47 +179,77 @@ def _anthropic_tools():
              "input_schema": t["function"]["parameters"]} for t in TOOLS]
 
 
+def _check_tool_uses(msg, names, single):
+    assert msg.stop_reason == "tool_use", msg
+    uses = [b for b in msg.content if b.type == "tool_use"]
+    assert uses and all(b.type == "tool_use" for b in msg.content)
+    if single:
+        assert len(uses) == 1
+    for b in uses:
+        assert b.name in names and b.id
+        jsonschema.validate(b.input, SCHEMAS[b.name])
+
+
+def _calls(msg):  # ids are fresh each time: what a message says is everything else
+    return [(b.type, getattr(b, "name", None), getattr(b, "input", getattr(b, "text", None)))
+            for b in msg.content]
+
+
 def test_anthropic_sdk_forced_tool_use(claude, model_name):
-    cases = [({"type": "any"}, set(SCHEMAS)), ({"type": "tool", "name": "get_weather"}, {"get_weather"}),
-             ({"type": "any", "disable_parallel_tool_use": True}, set(SCHEMAS))]
-    for choice, names in cases:
-        done = 0  # Messages take no seed: each try samples afresh
-        for _ in range(3):
-            msg = claude.messages.create(model=model_name, max_tokens=96, messages=ASK,
-                                         tools=_anthropic_tools(), tool_choice=choice,
-                                         )
-            if msg.stop_reason == "max_tokens":
-                continue
-            assert msg.stop_reason == "tool_use", msg
-            uses = [b for b in msg.content if b.type == "tool_use"]
-            assert uses and all(b.type == "tool_use" for b in msg.content)
-            if choice.get("disable_parallel_tool_use"):
-                assert len(uses) == 1
-            for b in uses:
-                assert b.name in names and b.id
-                jsonschema.validate(b.input, SCHEMAS[b.name])
-            done += 1
-        assert done >= 1
+    # This SDK version has no `temperature` or `seed` argument: both go as wire fields
+    # (`seed` is our extension; the spec's Messages body allows additional properties).
+    def create(choice, **sampling):
+        return claude.messages.create(model=model_name, max_tokens=96, messages=ASK,
+                                      tools=_anthropic_tools(), tool_choice=choice,
+                                      extra_body=sampling)
+
+    single = {"type": "any", "disable_parallel_tool_use": True}
+    _check_tool_uses(create(single, temperature=0), set(SCHEMAS), single=True)
+    # Greedy decoding repeats parallel calls until max_tokens with this small model, so the
+    # parallel cases sample; a seed makes each try reproducible.
+    for choice, names in [({"type": "any"}, set(SCHEMAS)),
+                          ({"type": "tool", "name": "get_weather"}, {"get_weather"})]:
+        msgs = [create(choice, temperature=1.0, seed=seed) for seed in range(6)]
+        again = create(choice, temperature=1.0, seed=0)
+        assert _calls(again) == _calls(msgs[0]) and again.stop_reason == msgs[0].stop_reason
+        finished = [msg for msg in msgs if msg.stop_reason != "max_tokens"]
+        assert finished, msgs
+        for msg in finished:
+            _check_tool_uses(msg, names, single=False)
+
+
+def test_messages_output_config_json_schema(claude, model_name, http):
+    msg = claude.messages.create(
+        model=model_name, max_tokens=96, system=SYSTEM["content"],
+        messages=[{"role": "user", "content": "A shopping list entry as JSON."}],
+        extra_body={"temperature": 0,
+                    "output_config": {"format": {"type": "json_schema", "schema": ITEM}}})
+    assert msg.stop_reason == "end_turn", msg
+    assert [b.type for b in msg.content] == ["text"]
+    jsonschema.validate(json.loads(msg.content[0].text), ITEM)
+    both = http.post("/v1/messages", json={
+        "max_tokens": 8, "messages": ASK, "tools": _anthropic_tools(),
+        "tool_choice": {"type": "any"},
+        "output_config": {"format": {"type": "json_schema", "schema": ITEM}}})
+    assert both.status_code == 422 and "output_config" in both.text, both.text
+    refused = http.post("/v1/messages", json={
+        "max_tokens": 8, "messages": ASK,
+        "output_config": {"format": {"type": "json_schema", "schema": {"oneOf": [ITEM]}}}})
+    assert refused.status_code == 422 and "output_config" in refused.text, refused.text
 
 
 def test_anthropic_sdk_forced_tool_use_streaming(claude, model_name):
-    done = 0  # Messages take no seed: each try samples afresh
-    for _ in range(3):
-        with claude.messages.stream(model=model_name, max_tokens=96, messages=ASK,
-                                    tools=_anthropic_tools(),
-                                    tool_choice={"type": "tool", "name": "get_time",
-                                                 "disable_parallel_tool_use": True}) as stream:
-            events = list(stream)
-            msg = stream.get_final_message()
-        if msg.stop_reason == "max_tokens":
-            continue
-        assert msg.stop_reason == "tool_use"
-        starts = [e for e in events if e.type == "content_block_start"]
-        assert starts and all(e.content_block.type == "tool_use" for e in starts)
-        assert any(e.type == "content_block_delta" and e.delta.type == "input_json_delta"
-                   for e in events)
-        for b in msg.content:
-            assert b.type == "tool_use" and b.name == "get_time"
-            jsonschema.validate(b.input, TIME)
-        done += 1
-    assert done >= 1
+    with claude.messages.stream(model=model_name, max_tokens=128, messages=ASK,
+                                tools=_anthropic_tools(), extra_body={"temperature": 0},
+                                tool_choice={"type": "tool", "name": "get_time",
+                                             "disable_parallel_tool_use": True}) as stream:
+        events = list(stream)
+        msg = stream.get_final_message()
+    assert msg.stop_reason == "tool_use", msg
+    starts = [e for e in events if e.type == "content_block_start"]
+    assert starts and all(e.content_block.type == "tool_use" for e in starts)
+    assert any(e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+               for e in events)
+    for b in msg.content:
+        assert b.type == "tool_use" and b.name == "get_time"
+        jsonschema.validate(b.input, TIME)

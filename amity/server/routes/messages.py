@@ -10,6 +10,7 @@ import json
 
 from fastapi import APIRouter, Request
 
+from amity.engine.structured_output import StructuredOutputSpec
 from amity.server import chat_prompt, protocol
 from amity.server import messages_schemas as m
 from amity.server.app import ServerState, error_responses, state_of
@@ -86,7 +87,7 @@ def translate(body: m.MessagesBody, state: ServerState):
     prompt = chat_prompt.render(state.info, chat_messages(body), tools, None)
     params = protocol.make_sampling_params({
         "max_tokens": body.max_tokens, "temperature": body.temperature, "top_p": body.top_p,
-        "top_k": body.top_k, "stop": body.stop_sequences,
+        "top_k": body.top_k, "stop": body.stop_sequences, "seed": body.seed,
     })
     thinking = bool(body.thinking and body.thinking.type != "disabled")
     names = {t["function"]["name"] for t in tools} if tools else None
@@ -99,6 +100,16 @@ def translate(body: m.MessagesBody, state: ServerState):
         spec = protocol.tool_call_spec(tools, body.tool_choice.name if choice == "tool" else None,
                                        parallel)
         params = protocol.with_structured_output(params, spec)
+    fmt = body.output_config.format if body.output_config else None
+    if fmt is not None and fmt.type == "json_schema":
+        if params.structured_output is not None:
+            raise InvalidRequest("`output_config.format` cannot be combined with a forced tool "
+                                 "call: the output follows one grammar", ["output_config", "format"])
+        if fmt.schema_ is None:
+            raise InvalidRequest("a `json_schema` output format needs its `schema`",
+                                 ["output_config", "format", "schema"])
+        params = protocol.with_structured_output(
+            params, StructuredOutputSpec("json_schema", fmt.schema_, field="output_config"))
 
     def make_parser() -> ChoiceParser:
         return ChoiceParser(parse_reasoning=thinking, starts_in_reasoning=prompt.starts_in_reasoning,
