@@ -30,6 +30,13 @@ class EngineConfig:
         choices=("auto", "float32", "bfloat16", "float16"),
     )
     device: str = _opt("auto", "cpu, cuda, or auto (cuda when available).")
+    quantization: str = _opt(
+        "none",
+        "Linear layers as loaded (none), int8 weights and per-token int8 activations (int8), "
+        "or int4 weights in groups of 32 with bfloat16 activations (int4). CPU only; the "
+        "accuracy cost of each is measured in benchmarks/README.md.",
+        choices=("none", "int8", "int4"),
+    )
     kv_cache_memory: str = _opt(
         "0.1",
         "KV cache budget: bytes (e.g. 2GiB, 500MB, 1000000) or a fraction of free memory (0.1).",

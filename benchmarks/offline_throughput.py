@@ -67,22 +67,29 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, nargs="+", default=[1, 8, 16])
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--quantization", nargs="+", default=["none"],
+                        help="amity runs once per scheme listed (none, int8, int4)")
     parser.add_argument("--skip-transformers", action="store_true")
     args = parser.parse_args()
 
-    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, kv_cache_memory="1GiB"))
-    dtype = resolve_dtype(args.dtype, engine.device)
-    model_path = engine.model_path
+    engines = {q: LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, kv_cache_memory="1GiB",
+                                         quantization=q))
+               for q in args.quantization}
+    first = next(iter(engines.values()))
+    dtype = resolve_dtype(args.dtype, first.device)
+    model_path = first.model_path
     results = []
     for n in args.num_prompts:
-        prompts = make_prompts(engine.tokenizer, n, args.input_len)
+        prompts = make_prompts(first.tokenizer, n, args.input_len)
         row = {"num_prompts": n, "input_len": args.input_len, "output_len": args.output_len,
-               "dtype": str(dtype).removeprefix("torch."),
-               "amity_tokens_per_s": round(run_amity(engine, prompts, args.output_len), 2)}
+               "dtype": str(dtype).removeprefix("torch.")}
+        for q, engine in engines.items():
+            row[f"amity_{q}_tokens_per_s"] = round(run_amity(engine, prompts, args.output_len), 2)
         if not args.skip_transformers:
             hf = run_transformers(model_path, dtype, prompts, args.output_len)
             row["transformers_tokens_per_s"] = round(hf, 2)
-            row["ratio"] = round(row["amity_tokens_per_s"] / hf, 2)
+            for q in engines:
+                row[f"ratio_{q}"] = round(row[f"amity_{q}_tokens_per_s"] / hf, 2)
         results.append(row)
         print(json.dumps(row), flush=True)
     print(json.dumps({"model": model_path.name, "threads": torch.get_num_threads(), "results": results}))

@@ -28,6 +28,7 @@ from amity.engine import structured_output
 from amity.engine.model_runner import ModelRunner
 from amity.models.dtype import resolve_device, resolve_dtype
 from amity.models.loader import LoadedModel, load_model
+from amity.models.quantization import quantize_model
 
 logger = logging.getLogger("amity.engine")
 
@@ -50,7 +51,7 @@ class LLMEngine:
         if self.device.type == "cpu":
             torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
         loaded = loaded or load_model(config.model, self.dtype, self.device)
-        self.model = loaded.model
+        self.model = quantize_model(loaded.model, config.quantization, self.device)
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.model_path = loaded.path

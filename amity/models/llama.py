@@ -113,9 +113,16 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.model = LlamaModel(config, self.qkv_bias or getattr(config, "attention_bias", False),
                                 self.qk_norm)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Tied models hold one parameter under two names: it loads as
+        embed_tokens.weight, and the LM head stays an nn.Linear that quantization
+        can replace on its own. Moving off the meta device unties them: call again."""
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
@@ -125,8 +132,7 @@ class LlamaForCausalLM(nn.Module):
         return self.model(inputs_embeds, positions, kv_caches, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        return F.linear(hidden, weight)
+        return self.lm_head(hidden)
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):

@@ -88,6 +88,7 @@ def load_model(model_path: str | Path | None, dtype: torch.dtype, device: torch.
     with torch.device("meta"):
         model = cls(config)
     model.to_empty(device=device).to(dtype=dtype)
+    model.tie_weights()
     # Buffers (rotary tables) were built on meta; rebuild them for real, in float32.
     _reinit_buffers(model, config, device)
     params = dict(model.named_parameters())

@@ -1,0 +1,124 @@
+"""Quantized linear layers: each kernel against its own definition, an engine that
+runs them, and their accuracy on the default model against the float32 path."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from amity.config import EngineConfig
+from amity.engine.llm_engine import LLMEngine
+from amity.engine.sampling_params import SamplingParams
+from amity.models.loader import load_model
+from amity.models.quantization import Int4Linear, Int8Linear, quantize_model
+from tests.models.test_parity import engine_logits
+
+
+def _linear(out_features: int, in_features: int, weight: torch.Tensor, bias: bool = True):
+    linear = nn.Linear(in_features, out_features, bias=bias)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+    return linear
+
+
+def test_int8_is_int8_weights_times_per_token_int8_activations():
+    torch.manual_seed(0)
+    weight = torch.randn(48, 64) * 0.05
+    linear = _linear(48, 64, weight)
+    layer = Int8Linear(linear)
+    x = torch.randn(5, 64)
+    x[2] *= 100  # one loud token must not change the quantization of the others
+    # The definition, written out: symmetric int8, a scale per output row and per token.
+    w_scale = weight.abs().amax(1) / 127
+    w_q = torch.round(weight / w_scale[:, None])
+    x_scale = x.abs().amax(1, keepdim=True) / 127
+    x_q = torch.round(x / x_scale)
+    expected = (x_q @ w_q.t()) * x_scale * w_scale + linear.bias
+    got = layer(x)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert (layer.weight_t.abs() <= 127).all() and layer.weight_t.dtype == torch.int8
+    # Each token's row is its own: the same token alone gives the same numbers, bit for bit.
+    for i in range(5):
+        assert torch.equal(layer(x[i:i + 1]), got[i:i + 1])
+    assert (got - linear(x)).abs().max() < 0.05 * linear(x).abs().max()
+
+
+def test_int4_reproduces_weights_on_a_q4_1_grid_exactly():
+    torch.manual_seed(0)
+    out_features, in_features, group = 16, 64, 32
+    # Weights already on a Q4_1 grid (w = d * q + m, q covering 0..15 in every group),
+    # with d, m and m + 8d exact in bfloat16: int4 must then lose nothing but the
+    # bfloat16 rounding of the activations.
+    q = torch.randint(0, 16, (out_features, in_features // group, group))
+    q[..., 0], q[..., 1] = 0, 15
+    d = 2.0 ** torch.randint(-8, -5, (out_features, in_features // group, 1)).float()
+    m = -8 * d + d * torch.randint(-4, 4, d.shape)
+    weight = (d * q + m).reshape(out_features, in_features)
+    linear = _linear(out_features, in_features, weight, bias=False)
+    layer = Int4Linear(linear)
+    x = torch.randn(3, in_features).bfloat16().float()
+    torch.testing.assert_close(layer(x), x @ weight.t(), rtol=2e-2, atol=2e-3)
+    # And the layer's own dequantized weights are that grid.
+    eye = torch.eye(in_features)
+    torch.testing.assert_close(layer(eye).t(), weight, rtol=1e-2, atol=1e-3)
+
+
+def test_int4_refuses_inputs_that_do_not_fill_groups():
+    with pytest.raises(ValueError, match="divisible by 32"):
+        Int4Linear(nn.Linear(40, 8))
+
+
+def test_quantize_model_replaces_every_linear_but_keeps_the_tied_embedding(tiny_model_factory):
+    loaded = load_model(tiny_model_factory("smollm2"), torch.float32, torch.device("cpu"))
+    embedding = loaded.model.model.embed_tokens.weight.detach().clone()
+    assert loaded.model.lm_head.weight is loaded.model.model.embed_tokens.weight  # tied
+    quantize_model(loaded.model, "int8", torch.device("cpu"))
+    assert not any(isinstance(m, nn.Linear) for m in loaded.model.modules())
+    assert isinstance(loaded.model.lm_head, Int8Linear)
+    assert torch.equal(loaded.model.model.embed_tokens.weight, embedding)
+    with pytest.raises(ValueError, match="CPU kernels"):
+        quantize_model(loaded.model, "int4", torch.device("cuda"))
+    with pytest.raises(ValueError, match="not one of"):
+        quantize_model(loaded.model, "fp8", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_quantized_engine_batches_like_it_runs_alone(tiny_model_factory, scheme):
+    path = tiny_model_factory("llama")
+    engine = LLMEngine(EngineConfig(model=str(path), dtype="float32", kv_cache_memory="16MiB",
+                                    block_size=8, quantization=scheme, num_threads=1))
+    params = SamplingParams(temperature=0.0, max_tokens=12, eos_token=[], logprobs=0)
+    prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]]
+    alone = [engine.generate([p], params)[0].ordered_choices[0] for p in prompts]
+    together = [o.ordered_choices[0] for o in engine.generate(prompts, params)]
+    for a, b in zip(alone, together):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close([lp.logprob for lp in a.logprobs],
+                                   [lp.logprob for lp in b.logprobs], rtol=0, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def default_model():
+    return load_model(None, torch.float32, torch.device("cpu"))
+
+
+# Measured on a 700-token English text (benchmarks/README.md has the figures): int8
+# keeps the float32 argmax at ~89% of positions (KL ~0.03), int4 at ~88% (KL ~0.05);
+# bfloat16 at ~98%. A broken kernel or packing falls to a few percent.
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_quantized_default_model_stays_close_to_float32(default_model, scheme):
+    text = ("The Roman Empire was the post-Republican state of ancient Rome. It is generally "
+            "understood to mean the period and territory ruled by the Romans following "
+            "Octavian's assumption of sole rule under the Principate in 27 BC. It included "
+            "territory in Europe, North Africa, and Western Asia, and was ruled by emperors.")
+    ids = default_model.tokenizer.encode(text)
+    config = EngineConfig(dtype="float32", kv_cache_memory="64MiB")
+    reference = engine_logits(LLMEngine(config, default_model), ids).log_softmax(-1)
+    quantized = copy.deepcopy(default_model)
+    engine = LLMEngine(EngineConfig(dtype="float32", kv_cache_memory="64MiB",
+                                    quantization=scheme), quantized)
+    logprobs = engine_logits(engine, ids).log_softmax(-1)
+    kl = (reference.exp() * (reference - logprobs)).sum(-1).mean().item()
+    top1 = (reference.argmax(-1) == logprobs.argmax(-1)).float().mean().item()
+    assert kl < 0.12 and top1 > 0.75, (kl, top1)
