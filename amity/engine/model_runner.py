@@ -49,8 +49,8 @@ class ModelRunner:
         logit_rows: list[tuple[Request, int]] = []
         replaced_idx: list[int] = []
         replaced_vec: list[torch.Tensor] = []
-        prefill_starts, prefill_lens, prefill_ctx, prefill_tables = [], [], [], []
-        decode_idx, decode_tables, decode_ctx = [], [], []
+        prefill_starts, prefill_lens, prefill_ctx, prefill_slots = [], [], [], []
+        decode_idx, decode_slots, decode_ctx = [], [], []
         for s in step.scheduled:
             req, start, n = s.request, s.start_position, s.num_new_tokens
             flat_start = len(input_ids)
@@ -58,7 +58,10 @@ class ModelRunner:
             pos = torch.arange(start, start + n)
             table = torch.tensor(req.block_table, dtype=torch.long)
             positions.append(pos)
-            slots.append(table[pos // bs] * bs + pos % bs)
+            # Slot of every position up to the end of this chunk: the new tokens'
+            # slots are its tail, and attention reads the whole context through it.
+            context_slots = (table[:, None] * bs + torch.arange(bs)).reshape(-1)[:start + n]
+            slots.append(context_slots[start:])
             for p in range(max(start, req.first_logit_position), start + n):
                 logits_indices.append(flat_start + p - start)
                 logit_rows.append((req, p))
@@ -66,31 +69,30 @@ class ModelRunner:
                 if start <= p < start + n:
                     replaced_idx.append(flat_start + p - start)
                     replaced_vec.append(vector)
-            num_blocks = -(-(start + n) // bs)
             if n == 1:
                 decode_idx.append(flat_start)
-                decode_tables.append(table[:num_blocks])
+                decode_slots.append(context_slots)
                 decode_ctx.append(start + 1)
             else:
                 prefill_starts.append(flat_start)
                 prefill_lens.append(n)
                 prefill_ctx.append(start + n)
-                prefill_tables.append(table[:num_blocks].to(self.device))
+                prefill_slots.append(context_slots.to(self.device))
 
-        max_blocks = max((len(t) for t in decode_tables), default=0)
-        padded = torch.zeros(len(decode_tables), max_blocks, dtype=torch.long)
-        for i, t in enumerate(decode_tables):
-            padded[i, :len(t)] = t
-        key_mask = torch.arange(max_blocks * bs)[None, :] < torch.tensor(decode_ctx, dtype=torch.long)[:, None]
+        max_len = max((len(s) for s in decode_slots), default=0)
+        padded = torch.zeros(len(decode_slots), max_len, dtype=torch.long)
+        for i, s in enumerate(decode_slots):
+            padded[i, :len(s)] = s
+        key_mask = torch.arange(max_len)[None, :] < torch.tensor(decode_ctx, dtype=torch.long)[:, None]
         dev = self.device
         attn = AttentionMetadata(
             slot_mapping=torch.cat(slots).to(dev),
             prefill_query_starts=prefill_starts,
             prefill_query_lens=prefill_lens,
             prefill_context_lens=prefill_ctx,
-            prefill_block_tables=prefill_tables,
+            prefill_context_slots=prefill_slots,
             decode_token_indices=torch.tensor(decode_idx, dtype=torch.long, device=dev),
-            decode_block_tables=padded.to(dev),
+            decode_context_slots=padded.to(dev),
             decode_key_mask=key_mask[:, None, None, :].to(dev),
         )
         return StepInputs(

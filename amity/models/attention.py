@@ -24,10 +24,10 @@ class AttentionMetadata:
     prefill_query_starts: list[int]
     prefill_query_lens: list[int]
     prefill_context_lens: list[int]  # cached + new tokens after this step
-    prefill_block_tables: list[torch.Tensor]  # per sequence, the blocks it uses
+    prefill_context_slots: list[torch.Tensor]  # per sequence, [context_len] slots of its K/V
     # Decodes: sequences with exactly one query token, batched.
     decode_token_indices: torch.Tensor  # [num_decodes] where their tokens sit in the flat batch
-    decode_block_tables: torch.Tensor  # [num_decodes, max_blocks], padded with 0
+    decode_context_slots: torch.Tensor  # [num_decodes, max_blocks * block_size], padded with 0
     decode_key_mask: torch.Tensor  # [num_decodes, 1, 1, max_blocks * block_size] True = attend
 
     @property
@@ -42,10 +42,12 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
 
 
-def _gather(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
-    """[..., num_blocks] -> [..., num_blocks * block_size, num_kv_heads, head_dim]."""
-    blocks = cache[block_table]
-    return blocks.flatten(-4, -3)
+def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """slots [...] -> K or V [..., num_kv_heads, head_dim]. The slots of a step are
+    computed once (model_runner.py); each layer only gathers its own cache."""
+    num_kv_heads, head_dim = cache.shape[-2:]
+    flat = cache.view(-1, num_kv_heads, head_dim).index_select(0, slots.reshape(-1))
+    return flat.view(*slots.shape, num_kv_heads, head_dim)
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -57,16 +59,15 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
     out = torch.empty_like(q)
-    for start, q_len, ctx_len, table in zip(meta.prefill_query_starts, meta.prefill_query_lens,
-                                            meta.prefill_context_lens, meta.prefill_block_tables):
+    for start, q_len, ctx_len, slots in zip(meta.prefill_query_starts, meta.prefill_query_lens,
+                                            meta.prefill_context_lens, meta.prefill_context_slots):
         q_i = q[start:start + q_len].transpose(0, 1).unsqueeze(0)
         if ctx_len == q_len:
             # Nothing cached before this chunk: its own K/V are the whole context.
             k_i, v_i = k[start:start + q_len], v[start:start + q_len]
             mask, causal = None, True
         else:
-            k_i = _gather(k_cache, table)[:ctx_len]
-            v_i = _gather(v_cache, table)[:ctx_len]
+            k_i, v_i = _gather(k_cache, slots), _gather(v_cache, slots)
             # Query i sits at position ctx_len - q_len + i and sees keys up to it.
             q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
             mask = torch.arange(ctx_len, device=q.device)[None, :] <= q_pos[:, None]
@@ -78,8 +79,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if meta.num_decodes:
         idx = meta.decode_token_indices
         q_d = q[idx].unsqueeze(2)  # [B, H, 1, D]
-        k_d = _gather(k_cache, meta.decode_block_tables).transpose(1, 2)  # [B, Hkv, L, D]
-        v_d = _gather(v_cache, meta.decode_block_tables).transpose(1, 2)
+        k_d = _gather(k_cache, meta.decode_context_slots).transpose(1, 2)  # [B, Hkv, L, D]
+        v_d = _gather(v_cache, meta.decode_context_slots).transpose(1, 2)
         o = F.scaled_dot_product_attention(q_d, k_d, v_d, attn_mask=meta.decode_key_mask,
                                            scale=scale, enable_gqa=True)
         out[idx] = o.squeeze(2)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from amity.models.attention import AttentionMetadata, paged_attention
-from amity.models.rotary import RotaryEmbedding
+from amity.models.rotary import RotaryEmbedding, apply_rotary
 
 
 class RMSNorm(nn.Module):
@@ -30,33 +30,44 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
+class MergedLinear(nn.Linear):
+    """Several projections of the same input as one matmul: `shard_names` are the
+    checkpoint's separate layers (e.g. q/k/v_proj), stacked along the output in that
+    order; the loader fills each slice under its checkpoint name (see loader.py)."""
+
+    def __init__(self, in_features: int, output_sizes: list[int], shard_names: list[str], bias: bool):
+        super().__init__(in_features, sum(output_sizes), bias=bias)
+        self.output_sizes = output_sizes
+        self.shard_names = shard_names
+
+
 class Attention(nn.Module):
-    def __init__(self, config, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool):
+    def __init__(self, config, qkv_bias: bool, qk_norm: bool):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         hidden = config.hidden_size
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden,
-                                bias=getattr(config, "attention_bias", False))
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = MergedLinear(hidden, [self.q_size, self.kv_size, self.kv_size],
+                                     ["q_proj", "k_proj", "v_proj"], bias=qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, hidden, bias=getattr(config, "attention_bias", False))
         if qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.qk_norm = qk_norm
-        self.rotary = rotary
         self.scale = self.head_dim ** -0.5
 
-    def forward(self, x, positions, kv_cache, meta: AttentionMetadata):
+    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], kv_cache, meta: AttentionMetadata):
         num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        q, k = apply_rotary(q, k, *rope)
         out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(out.reshape(num_tokens, -1))
 
@@ -65,24 +76,26 @@ class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         bias = getattr(config, "mlp_bias", False)
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = MergedLinear(config.hidden_size, [config.intermediate_size] * 2,
+                                         ["gate_proj", "up_proj"], bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config, rotary, qkv_bias, qk_norm):
+    def __init__(self, config, qkv_bias, qk_norm):
         super().__init__()
-        self.self_attn = Attention(config, rotary, qkv_bias, qk_norm)
+        self.self_attn = Attention(config, qkv_bias, qk_norm)
         self.mlp = MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, positions, kv_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), positions, kv_cache, meta)
+    def forward(self, x, rope, kv_cache, meta):
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -90,17 +103,18 @@ class LlamaModel(nn.Module):
     def __init__(self, config, qkv_bias: bool, qk_norm: bool):
         super().__init__()
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        rotary = RotaryEmbedding(head_dim, config.max_position_embeddings,
-                                 getattr(config, "rope_parameters", None))
+        self.rotary = RotaryEmbedding(head_dim, config.max_position_embeddings,
+                                      getattr(config, "rope_parameters", None))
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, rotary, qkv_bias, qk_norm) for _ in range(config.num_hidden_layers))
+            DecoderLayer(config, qkv_bias, qk_norm) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, inputs_embeds, positions, kv_caches, meta):
         x = inputs_embeds
+        rope = self.rotary(positions, x.dtype)  # once per step, shared by every layer
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, positions, kv_cache, meta)
+            x = layer(x, rope, kv_cache, meta)
         return self.norm(x)
 
 

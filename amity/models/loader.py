@@ -17,6 +17,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 from transformers import AutoConfig
 
+from amity.models.llama import MergedLinear
 from amity.models.registry import model_class
 from amity.models.tokenizer import Tokenizer
 
@@ -91,24 +92,41 @@ def load_model(model_path: str | Path | None, dtype: torch.dtype, device: torch.
     model.tie_weights()
     # Buffers (rotary tables) were built on meta; rebuild them for real, in float32.
     _reinit_buffers(model, config, device)
-    params = dict(model.named_parameters())
+    targets = _weight_targets(model)
     loaded: set[str] = set()
     for name, tensor in tqdm(weights, desc=f"loading {path.name}", unit="tensor", delay=1.0,
                              total=None, leave=False):
-        if name not in params:
+        if name not in targets:
             continue  # e.g. rotary inv_freq saved by old checkpoints, or an lm_head we tie
-        param = params[name]
-        if param.shape != tensor.shape:
-            raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(param.shape)}")
+        target = targets[name]
+        if target.shape != tensor.shape:
+            raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(target.shape)}")
         with torch.no_grad():
-            param.copy_(tensor)
+            target.copy_(tensor)
         loaded.add(name)
-    missing = set(params) - loaded
+    missing = set(targets) - loaded
     if missing:
         raise ValueError(f"checkpoint {path} lacks weights: {sorted(missing)[:5]}...")
     model.eval()
     tokenizer = Tokenizer.from_path(path, extra_eos_token_ids=eos_ids)
     return LoadedModel(model, config, tokenizer, path)
+
+
+def _weight_targets(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Checkpoint name -> the tensor it fills: a parameter, or for a `MergedLinear`
+    (q/k/v or gate/up as one matmul) the slice of it that holds one shard."""
+    targets = dict(model.named_parameters())
+    for prefix, module in model.named_modules():
+        if not isinstance(module, MergedLinear):
+            continue
+        parent = prefix.rpartition(".")[0]
+        for kind, param in module.named_parameters():
+            del targets[f"{prefix}.{kind}"]
+            offset = 0
+            for shard, size in zip(module.shard_names, module.output_sizes):
+                targets[f"{parent}.{shard}.{kind}"] = param.data.narrow(0, offset, size)
+                offset += size
+    return targets
 
 
 def _reinit_buffers(model: torch.nn.Module, config, device: torch.device) -> None:
