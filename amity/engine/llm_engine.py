@@ -331,11 +331,13 @@ class LLMEngine:
         group = self.groups[group_id]
         finished = all(r.is_finished for r in group)
         first = group[0]
+        scheduled = [r.first_scheduled_time for r in group if r.first_scheduled_time is not None]
         output = RequestOutput(request_id=group_id, outputs=outs, num_prompt_tokens=first.num_prompt_tokens,
                                # The prompt is computed once per request; siblings sharing
                                # its blocks are not cache hits from the user's view.
                                num_cached_tokens=first.num_cached_tokens or 0,
-                               finished=finished)
+                               finished=finished,
+                               queued_seconds=min(scheduled) - first.arrival_time if scheduled else None)
         if finished:
             for request in self.groups.pop(group_id):
                 self.detokenizers.pop(request.request_id, None)

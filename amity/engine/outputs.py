@@ -34,6 +34,9 @@ class RequestOutput:
     num_prompt_tokens: int
     num_cached_tokens: int  # prompt tokens served from the prefix cache
     finished: bool  # every choice has finished
+    # Seconds between the engine receiving the request and first scheduling any of
+    # its choices; None while all of them wait.
+    queued_seconds: float | None = None
 
 
 @dataclass

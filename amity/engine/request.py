@@ -57,6 +57,7 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)  # chained, one per full block
     status: RequestStatus = RequestStatus.WAITING
     arrival_time: float = field(default_factory=time.monotonic)
+    first_scheduled_time: float | None = None  # when it first left the waiting queue
     generator: torch.Generator | None = None
     # Structured output (issue 5): the request's grammar matcher (a
     # structured_output.GrammarMatcher), advanced with each sampled token; set when the

@@ -15,6 +15,7 @@ The scheduler plans; the model runner executes; `update_after_step` advances the
 counters. Nothing here touches a tensor, so it is tested without a model.
 """
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -95,6 +96,8 @@ class Scheduler:
             if request.num_cached_tokens is None:
                 request.num_cached_tokens = min(num_cached, request.num_prompt_tokens)
             request.status = RequestStatus.RUNNING
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = time.monotonic()
             self.running.append(request)
             out.scheduled.append(ScheduledRequest(request, num_new))
             budget -= num_new

@@ -80,6 +80,8 @@ class Generation:
             for i, it in enumerate(self._iters):
                 self._first.append(await anext(it))
                 self.counts.set_prompt(i, self._first[-1])
+                if self.tracker and self._first[-1].queued_seconds is not None:
+                    self.tracker.scheduled(self._first[-1].queued_seconds)
         except RequestError as err:
             await self.aclose(failed=True)
             raise InvalidRequest.from_request_error(err) from None

@@ -130,7 +130,9 @@ class ServerMetrics:
         yield info
         yield self.latency.metric("friendli_requests_latencies", "Seconds from arrival to last token.")
         yield self.queueing.metric(
-            "friendli_requests_queueing_delays", "Seconds from arrival to submission to the engine.")
+            "friendli_requests_queueing_delays",
+            "Seconds from arrival until the engine first schedules the request (or it leaves "
+            "the queue unscheduled).")
         yield self.ttft.metric("friendli_requests_ttft", "Seconds from arrival to first token.")
         yield self.itl.metric("amity_inter_token_latency", "Seconds between a choice's tokens.")
 
@@ -140,10 +142,18 @@ class RequestTracker:
     metrics: ServerMetrics
     arrived: float = field(default_factory=time.perf_counter)
     _last_token: float | None = None
+    _submitted: float | None = None
+    _dequeued: bool = False
     _closed: bool = False
 
     def submitted(self) -> None:
-        self.metrics.queueing.observe(time.perf_counter() - self.arrived)
+        self._submitted = time.perf_counter()
+
+    def scheduled(self, engine_queued_seconds: float) -> None:
+        """The engine scheduled the request after it waited that long in its queue."""
+        if not self._dequeued and self._submitted is not None:
+            self._dequeued = True
+            self.metrics.queueing.observe(self._submitted - self.arrived + engine_queued_seconds)
 
     def tokens(self, count: int) -> None:
         now = time.perf_counter()
@@ -165,6 +175,9 @@ class RequestTracker:
     def cancelled(self) -> None:
         if self._close():
             self.metrics.counts.cancel += 1
+            if not self._dequeued and self._submitted is not None:  # hung up while queued
+                self._dequeued = True
+                self.metrics.queueing.observe(time.perf_counter() - self.arrived)
 
     def failed(self) -> None:
         self._close()

@@ -227,6 +227,21 @@ def test_abort_and_finish_return_every_block(make_engine, vocab_size):
     assert engine.stats()["num_total_blocks"] == total
 
 
+def test_outputs_say_how_long_the_request_waited_for_its_first_schedule(make_engine, vocab_size):
+    engine = make_engine(max_num_seqs=1)
+    first, second = prompts(2, [6, 6], vocab_size, seed=3)
+    engine.add_request("a", first, SamplingParams(max_tokens=3, **GREEDY))
+    engine.add_request("b", second, SamplingParams(max_tokens=3, **GREEDY))
+    queued: dict[str, float | None] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            queued.setdefault(out.request_id, out.queued_seconds)
+            assert out.queued_seconds == queued[out.request_id]  # fixed once scheduled
+    # b waited in the queue for all of a's steps (one sequence at a time).
+    assert queued["a"] is not None and queued["b"] is not None
+    assert 0 <= queued["a"] < queued["b"]
+
+
 def test_n_choices_with_seeds(make_engine, vocab_size):
     engine = make_engine(block_size=4)
     (p,) = prompts(1, [18], vocab_size, seed=9)

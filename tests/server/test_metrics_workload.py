@@ -17,7 +17,7 @@ The workload, in order, and what each part must count:
   generation requests, they count nowhere.
 * A 422 found by the engine (`max_tokens` past the context length): the request was
   admitted and tracked before the engine refused it, so it counts in `requests` and
-  `items` (and `queueing_delays`) but is neither a response nor a cancel nor a
+  `items` (not in `queueing_delays`: it never queued) but is neither a response nor a cancel nor a
   reject: none of Friendli's failure counters describes bad input.
 * 3 client hang-ups: one while queued behind another request (no token yet: no
   `ttft`), one mid-stream, one mid-generation of a non-streaming request: each a
@@ -180,8 +180,7 @@ def workload(served) -> Tally:
         res = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 100_000})
         assert res.status_code == 422 and "context length" in res.text, res.text
         tally.requests += 1
-        tally.items += 1
-        tally.queueing += 1
+        tally.items += 1  # refused before it queued: no queueing delay
 
         long = {"max_tokens": LONG_TOKENS, "min_tokens": LONG_TOKENS}
         # A runs (streaming); B waits behind it (--max-num-seqs 1); then the queue is
@@ -277,7 +276,9 @@ def test_histograms_and_summaries_hold_the_finished_requests(served, workload):
     assert m["friendli_requests_latencies_count"] == len(finished)
     assert m["friendli_requests_ttft_count"] == workload.ttft == len(finished) + 2
     assert m["friendli_requests_queueing_delays_count"] == workload.queueing
-    assert workload.queueing == workload.requests - workload.rejects
+    # Every request that queued, B (hung up on while waiting) included; not the
+    # rejects, nor the 422 the engine refused before queueing it.
+    assert workload.queueing == workload.requests - workload.rejects - 1
     for name in ("friendli_requests_latencies", "friendli_requests_ttft"):
         assert m[f"{name}_sum"] > 0, name
         quantiles = [m[f'{name}{{quantile="{q}"}}'] for q in ("0.5", "0.9", "0.95", "0.99")]
