@@ -8,7 +8,7 @@ sends its next request when its last one ends):
 
 - `--warmup` requests (default 200), then `--num-requests` (default 2,000) more;
 - short prompts of varying content and length (3-150 random words), `--max-tokens`
-  (default 8) tokens out, temperature 0 or 0.8 (seeded);
+  (default 4) tokens out, temperature 0 or 0.8 (seeded);
 - a mix, drawn per request with `--seed`: `/v1/completions` and `/v1/chat/completions`,
   each streamed and not (21% each), streams the client drops after the first chunk
   (8%; asked for 4 x max tokens, so the server is mid-stream) and non-streamed requests
@@ -20,12 +20,14 @@ time once the requests in flight have ended and a second has passed. Growth is
 measured against the baseline; the target is met if no sample is more than 5% above
 (or below) it. The server is stopped with SIGTERM.
 
-It prints one JSON line (the samples, baseline, end, max, growth, outcome counts) and
-a Markdown table. It exits 1 if a request that should have succeeded did not.
+It prints one JSON line (the samples, baseline, end, max, growth, the outcome of every
+request, warm-up included, and the server's own request and cancel counters from
+/metrics) and a Markdown table. It exits 1 if a request that should have succeeded
+did not.
 
     .venv/bin/python benchmarks/memory_flat.py --num-threads 2
     .venv/bin/python benchmarks/memory_flat.py --num-requests 2000 --concurrency 8 \\
-        --max-tokens 8 --kv-cache-memory 512MiB --num-threads 2
+        --max-tokens 8 --dtype float32 --num-threads 2
 """
 
 import argparse
@@ -46,6 +48,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 TARGET_PCT = 5.0
 ABANDON_AFTER_S = 0.3
+EARLY = "ok (finished before the client gave up)"
 KINDS = {  # kind: weight
     "completion": 21, "completion_stream": 21, "chat": 21, "chat_stream": 21,
     "stream_dropped": 8, "abandoned": 8,
@@ -104,7 +107,7 @@ def engine_line(log_path: Path) -> str | None:
     """The server's start-up line naming model, device, dtype and KV blocks."""
     for line in log_path.read_text(errors="replace").splitlines():
         if "engine: " in line:
-            return line.split("engine: ", 1)[1]
+            return line.split("engine: ")[-1]
     return None
 
 
@@ -153,6 +156,16 @@ def summarize(samples: list[dict], target_pct: float = TARGET_PCT) -> dict:
     }
 
 
+def server_counters(url: str) -> dict:
+    """The server's own request counters from GET /metrics: requests received, answered
+    in full, abandoned by the client (the dropped streams and given-up requests)."""
+    names = ("friendli_requests_total", "friendli_responses_total",
+             "friendli_failure_by_cancel", "friendli_failure_by_reject")
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return {name: float(line.split()[-1]) for line in text.splitlines()
+            for name in names if line.startswith(name + " ")}
+
+
 # ---------------------------------------------------------------- the workload
 
 def make_request(rng: random.Random, max_tokens: int) -> tuple[str, str, dict]:
@@ -184,10 +197,11 @@ async def send(client: httpx.AsyncClient, kind: str, path: str, body: dict) -> s
     try:
         if kind == "abandoned":
             try:
-                res = await client.post(path, json=body, timeout=httpx.Timeout(60, read=ABANDON_AFTER_S))
-                return "ok (finished before the client gave up)" if res.status_code == 200 else f"HTTP {res.status_code}"
+                res = await client.post(path, json=body,
+                                        timeout=httpx.Timeout(60, read=ABANDON_AFTER_S))
             except httpx.ReadTimeout:
                 return "abandoned"
+            return EARLY if res.status_code == 200 else f"HTTP {res.status_code}"
         if not body.get("stream"):
             res = await client.post(path, json=body)
             if res.status_code != 200:
@@ -255,7 +269,8 @@ def table(result: dict) -> str:
     m = result["summary"]
     rows.append("")
     rows.append(f"RSS after warm-up {m['rss_after_warmup_mib']} MiB, end {m['rss_end_mib']} MiB "
-                f"({m['growth_end_mib']:+.1f} MiB, {m['growth_end_pct']:+.2f}%), max {m['rss_max_mib']} MiB "
+                f"({m['growth_end_mib']:+.1f} MiB, {m['growth_end_pct']:+.2f}%), "
+                f"max {m['rss_max_mib']} MiB "
                 f"({m['growth_max_pct']:+.2f}%); target within {TARGET_PCT:g}%: "
                 f"{'met' if m['target_met'] else 'NOT met'}")
     return "\n".join(rows)
@@ -267,7 +282,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=200, help="requests before the baseline")
     parser.add_argument("--sample-every", type=int, default=200, help="requests between RSS samples")
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=8, help="tokens out per request")
+    parser.add_argument("--max-tokens", type=int, default=4, help="tokens out per request")
     parser.add_argument("--seed", type=int, default=0, help="seeds the request mix and prompts")
     parser.add_argument("--model", default=None, help="passed to amity serve (default model if unset)")
     parser.add_argument("--dtype", default=None, help="passed to amity serve (its default: auto)")
@@ -287,10 +302,11 @@ def main() -> int:
     try:
         samples, outcomes, load_s = asyncio.run(run(url, proc.pid, args))
         peak_kib = parse_vm_kib(Path(f"/proc/{proc.pid}/status").read_text(), "VmHWM")
+        counters = server_counters(url)
     finally:
         exit_code = stop_server(proc)
 
-    expected = {"ok", "dropped", "abandoned", "ok (finished before the client gave up)"}
+    expected = {"ok", "dropped", "abandoned", EARLY}
     failures = {f"{k} -> {o}": n for (k, o), n in outcomes.items() if o not in expected}
     result = {"benchmark": "memory_flat", "num_requests": args.num_requests,
               "warmup": args.warmup, "concurrency": args.concurrency,
@@ -302,7 +318,7 @@ def main() -> int:
               "summary": summarize(samples),
               "peak_rss_vmhwm_mib": round(peak_kib / 1024, 1),
               "outcomes": {f"{k}: {o}": n for (k, o), n in sorted(outcomes.items())},
-              "failures": failures, "samples": samples}
+              "server_counters": counters, "failures": failures, "samples": samples}
     print(json.dumps(result))
     print()
     print(table(result))
