@@ -31,10 +31,7 @@ or a cold one was.
 import argparse
 import json
 import random
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,63 +39,14 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
+from served import engine_line, start_server, stop_server
+
 TARGET_RATIO = 0.20
 WORDS = ("time year people way day man thing woman life child world school state family "
          "student group country problem hand part place case week company system program "
          "question work government number night point home water room mother area money "
          "story fact month lot right study book eye job word business issue side kind head "
          "house service friend father power hour game line end member law car city name").split()
-
-
-# ---------------------------------------------------------------- the server process
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(server_args: list[str], log_path: Path, timeout: float = 300):
-    """`python -m amity.cli serve ARGS`, output to `log_path`; returns (process, url) once
-    /health is 200 (it is 503 while the model loads)."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "amity.cli", "serve", "--port", str(port), *server_args]
-    log = open(log_path, "w")  # noqa: SIM115 - closed when the process is stopped
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    proc.log = log
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited ({proc.returncode}):\n{log_path.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    stop_server(proc)
-    raise SystemExit(f"/health was not 200 after {timeout} s:\n{log_path.read_text()[-3000:]}")
-
-
-def engine_line(log_path: Path) -> str | None:
-    """The server's start-up line naming model, device, dtype and KV blocks."""
-    for line in log_path.read_text(errors="replace").splitlines():
-        if "engine: " in line:
-            return line.split("engine: ")[-1]
-    return None
-
-
-def stop_server(proc: subprocess.Popen, timeout: float = 60) -> int:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        code = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        code = proc.wait()
-    proc.log.close()
-    return code
 
 
 # ---------------------------------------------------------------- prompts

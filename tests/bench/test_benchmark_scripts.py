@@ -4,6 +4,7 @@ how they read /proc and turn measurements into figures (no server is started).""
 import importlib.util
 import os
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def load(name: str):
+    if str(BENCHMARKS) not in sys.path:  # as when run as a script: its folder is on the path
+        sys.path.insert(0, str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
