@@ -42,7 +42,7 @@ from pathlib import Path
 
 import httpx
 
-from served import engine_line, start_server, stop_server
+from served import add_server_arguments, engine_line, server_flags, start_server, stop_server
 
 TARGET_PCT = 5.0
 ABANDON_AFTER_S = 0.3
@@ -232,18 +232,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=4, help="tokens out per request")
     parser.add_argument("--seed", type=int, default=0, help="seeds the request mix and prompts")
-    parser.add_argument("--model", default=None, help="passed to amity serve (default model if unset)")
-    parser.add_argument("--dtype", default=None, help="passed to amity serve (its default: auto)")
-    parser.add_argument("--kv-cache-memory", default=None, help="passed to amity serve")
-    parser.add_argument("--num-threads", type=int, default=None, help="passed to amity serve")
+    add_server_arguments(parser)
     args = parser.parse_args()
-
-    server_args = []
-    for flag, value in (("--model", args.model), ("--dtype", args.dtype),
-                        ("--kv-cache-memory", args.kv_cache_memory),
-                        ("--num-threads", args.num_threads)):
-        if value is not None:
-            server_args += [flag, str(value)]
+    server_args = server_flags(args)
     log_path = Path(tempfile.mkdtemp(prefix="amity-memory-")) / "server.log"
     began = time.perf_counter()
     proc, url = start_server(server_args, log_path)

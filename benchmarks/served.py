@@ -2,6 +2,7 @@
 server process (prefix_cache_ttft.py, memory_flat.py): a free port, ready when /health
 is 200, stopped with SIGTERM."""
 
+import argparse
 import signal
 import socket
 import subprocess
@@ -12,6 +13,24 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+SERVER_FLAGS = ("model", "dtype", "kv_cache_memory", "num_threads", "quantization")
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `amity serve` flags a benchmark passes through; unset ones keep serve's default."""
+    for name in SERVER_FLAGS:
+        parser.add_argument("--" + name.replace("_", "-"), default=None,
+                            help="passed to amity serve")
+
+
+def server_flags(args: argparse.Namespace) -> list[str]:
+    flags = []
+    for name in SERVER_FLAGS:
+        if getattr(args, name) is not None:
+            flags += ["--" + name.replace("_", "-"), str(getattr(args, name))]
+    return flags
 
 
 def free_port() -> int:
