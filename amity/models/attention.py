@@ -27,8 +27,8 @@ class AttentionMetadata:
     prefill_context_slots: list[torch.Tensor]  # per sequence, [context_len] slots of its K/V
     # Decodes: sequences with exactly one query token, batched.
     decode_token_indices: torch.Tensor  # [num_decodes] where their tokens sit in the flat batch
-    decode_context_slots: torch.Tensor  # [num_decodes, max_blocks * block_size], padded with 0
-    decode_key_mask: torch.Tensor  # [num_decodes, 1, 1, max_blocks * block_size] True = attend
+    decode_context_slots: torch.Tensor  # [num_decodes, longest context], padded with slot 0
+    decode_key_mask: torch.Tensor  # [num_decodes, 1, 1, longest context] True = attend
 
     @property
     def num_decodes(self) -> int:

@@ -25,6 +25,12 @@ from torch import nn
 INT4_GROUP_SIZE = 32
 
 
+def _float_bias(linear: nn.Linear) -> nn.Parameter | None:
+    if linear.bias is None:
+        return None
+    return nn.Parameter(linear.bias.detach().float(), requires_grad=False)
+
+
 class Int8Linear(nn.Module):
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -33,8 +39,7 @@ class Int8Linear(nn.Module):
         # _int_mm takes [M, K] x [K, N]: keep the weight transposed once, here.
         self.register_buffer("weight_t", torch.round(weight / scale[:, None]).to(torch.int8).t().contiguous())
         self.register_buffer("weight_scale", scale)
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(),
-                                                                 requires_grad=False)
+        self.bias = _float_bias(linear)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape, dtype = x.shape, x.dtype
@@ -65,8 +70,7 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales_and_zeros",
                              torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous())
         self.group_size = group_size
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(),
-                                                                 requires_grad=False)
+        self.bias = _float_bias(linear)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape, dtype = x.shape, x.dtype
@@ -97,4 +101,3 @@ def quantize_model(model: nn.Module, scheme: str, device: torch.device) -> nn.Mo
             if isinstance(child, nn.Linear):
                 setattr(parent, name, layer_cls(child))
     return model
-

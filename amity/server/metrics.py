@@ -151,9 +151,13 @@ class RequestTracker:
 
     def scheduled(self, engine_queued_seconds: float) -> None:
         """The engine scheduled the request after it waited that long in its queue."""
+        if self._submitted is not None:
+            self._leave_queue(self._submitted - self.arrived + engine_queued_seconds)
+
+    def _leave_queue(self, queued_seconds: float) -> None:
         if not self._dequeued and self._submitted is not None:
             self._dequeued = True
-            self.metrics.queueing.observe(self._submitted - self.arrived + engine_queued_seconds)
+            self.metrics.queueing.observe(queued_seconds)
 
     def tokens(self, count: int) -> None:
         now = time.perf_counter()
@@ -175,9 +179,7 @@ class RequestTracker:
     def cancelled(self) -> None:
         if self._close():
             self.metrics.counts.cancel += 1
-            if not self._dequeued and self._submitted is not None:  # hung up while queued
-                self._dequeued = True
-                self.metrics.queueing.observe(time.perf_counter() - self.arrived)
+            self._leave_queue(time.perf_counter() - self.arrived)  # if it hung up while queued
 
     def failed(self) -> None:
         self._close()
