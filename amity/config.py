@@ -37,6 +37,12 @@ class EngineConfig:
         "accuracy cost of each is measured in benchmarks/README.md.",
         choices=("none", "int8", "int4"),
     )
+    compile: bool = _opt(
+        False,
+        "Run the decoder layers through torch.compile (inductor): fused elementwise ops, "
+        "about 1.6x faster at batch 1 on a CPU, after a compile of about a minute at the "
+        "first start (cached on disk for later starts).",
+    )
     kv_cache_memory: str = _opt(
         "0.1",
         "KV cache budget: bytes (e.g. 2GiB, 500MB, 1000000) or a fraction of free memory (0.1).",

@@ -11,6 +11,7 @@ import logging
 import os
 import random
 import threading
+import time
 from collections.abc import Iterable
 
 import torch
@@ -26,6 +27,8 @@ from amity.engine.sampling_params import SamplingParams
 from amity.engine.scheduler import Scheduler
 from amity.engine import structured_output
 from amity.engine.model_runner import ModelRunner
+from amity.models.compilation import compile_model
+from amity.models.cpu_kernels import load_cpu_kernels
 from amity.models.dtype import resolve_device, resolve_dtype
 from amity.models.loader import LoadedModel, load_model
 from amity.models.quantization import quantize_model
@@ -50,8 +53,11 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, self.device)
         if self.device.type == "cpu":
             torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+            load_cpu_kernels()
         loaded = loaded or load_model(config.model, self.dtype, self.device)
         self.model = quantize_model(loaded.model, config.quantization, self.device)
+        if config.compile:
+            self.model = compile_model(self.model)
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.model_path = loaded.path
@@ -96,6 +102,18 @@ class LLMEngine:
         logger.info("engine: %s on %s (%s), %d KV blocks of %d tokens, context %d",
                     self.model_path.name, self.device, self.dtype, self.num_blocks,
                     self.block_size, self.max_model_len)
+        if config.compile:
+            self._compile_graphs()
+
+    def _compile_graphs(self) -> None:
+        """Runs a step of two or more tokens and one of a single token, so both
+        compiled graphs (compilation.py) exist before the first request. The
+        prompts are shorter than a block: nothing stays in the prefix cache."""
+        logger.info("compiling the model (--compile); the first start on a machine takes a minute")
+        started = time.perf_counter()
+        greedy = SamplingParams(temperature=0, max_tokens=2, min_tokens=2)
+        self.generate([[0, 1, 2]], greedy)
+        logger.info("compiled in %.1f s", time.perf_counter() - started)
 
     # -- requests ---------------------------------------------------------
 

@@ -41,27 +41,25 @@ class ModelRunner:
         self.dtype = dtype
 
     def prepare(self, step: SchedulerOutput) -> StepInputs:
-        bs = self.block_size
         input_ids: list[int] = []
-        positions: list[torch.Tensor] = []
-        slots: list[torch.Tensor] = []
+        positions: list[int] = []
+        seq_of_token: list[int] = []
+        query_start = [0]
+        context_lens: list[int] = []
+        block_tables: list[list[int]] = []
         logits_indices: list[int] = []
         logit_rows: list[tuple[Request, int]] = []
         replaced_idx: list[int] = []
         replaced_vec: list[torch.Tensor] = []
-        prefill_starts, prefill_lens, prefill_ctx, prefill_slots = [], [], [], []
-        decode_idx, decode_slots, decode_ctx = [], [], []
-        for s in step.scheduled:
+        for i, s in enumerate(step.scheduled):
             req, start, n = s.request, s.start_position, s.num_new_tokens
             flat_start = len(input_ids)
             input_ids.extend(req.all_token_ids[start:start + n])
-            pos = torch.arange(start, start + n)
-            table = torch.tensor(req.block_table, dtype=torch.long)
-            positions.append(pos)
-            # Slot of every position up to the end of this chunk: the new tokens'
-            # slots are its tail, and attention reads the whole context through it.
-            context_slots = (table[:, None] * bs + torch.arange(bs)).reshape(-1)[:start + n]
-            slots.append(context_slots[start:])
+            positions.extend(range(start, start + n))
+            seq_of_token.extend([i] * n)
+            query_start.append(flat_start + n)
+            context_lens.append(start + n)
+            block_tables.append(req.block_table)
             for p in range(max(start, req.first_logit_position), start + n):
                 logits_indices.append(flat_start + p - start)
                 logit_rows.append((req, p))
@@ -69,35 +67,22 @@ class ModelRunner:
                 if start <= p < start + n:
                     replaced_idx.append(flat_start + p - start)
                     replaced_vec.append(vector)
-            if n == 1:
-                decode_idx.append(flat_start)
-                decode_slots.append(context_slots)
-                decode_ctx.append(start + 1)
-            else:
-                prefill_starts.append(flat_start)
-                prefill_lens.append(n)
-                prefill_ctx.append(start + n)
-                prefill_slots.append(context_slots.to(self.device))
 
-        max_len = max((len(s) for s in decode_slots), default=0)
-        padded = torch.zeros(len(decode_slots), max_len, dtype=torch.long)
-        for i, s in enumerate(decode_slots):
-            padded[i, :len(s)] = s
-        key_mask = torch.arange(max_len)[None, :] < torch.tensor(decode_ctx, dtype=torch.long)[:, None]
+        width = max(len(t) for t in block_tables)
+        tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.long)
+        pos = torch.tensor(positions, dtype=torch.long)
+        slot_mapping = tables[torch.tensor(seq_of_token), pos // self.block_size] * self.block_size \
+            + pos % self.block_size
         dev = self.device
         attn = AttentionMetadata(
-            slot_mapping=torch.cat(slots).to(dev),
-            prefill_query_starts=prefill_starts,
-            prefill_query_lens=prefill_lens,
-            prefill_context_lens=prefill_ctx,
-            prefill_context_slots=prefill_slots,
-            decode_token_indices=torch.tensor(decode_idx, dtype=torch.long, device=dev),
-            decode_context_slots=padded.to(dev),
-            decode_key_mask=key_mask[:, None, None, :].to(dev),
+            slot_mapping=slot_mapping.to(dev),
+            query_start=torch.tensor(query_start, dtype=torch.long, device=dev),
+            context_lens=torch.tensor(context_lens, dtype=torch.long, device=dev),
+            block_tables=tables.to(dev),
         )
         return StepInputs(
             input_ids=torch.tensor(input_ids, dtype=torch.long, device=dev),
-            positions=torch.cat(positions).to(dev),
+            positions=pos.to(dev),
             attn=attn,
             logits_indices=torch.tensor(logits_indices, dtype=torch.long, device=dev),
             logit_rows=logit_rows,

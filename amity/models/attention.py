@@ -1,14 +1,20 @@
-"""Paged attention in plain PyTorch.
+"""Paged attention.
 
 K/V live in a pool of fixed-size blocks per layer: `[num_blocks, block_size,
 num_kv_heads, head_dim]`. Each sequence names its blocks in a block table, so a
 token at position p sits in block `block_table[p // block_size]`, slot
-`p % block_size`. Every step writes the new tokens' K/V to their slots, then reads
-each sequence's whole context back through its block table.
+`p % block_size`. Every step writes the new tokens' K/V to their slots, then
+attends over each sequence's whole context.
 
-Decodes (one query token per sequence) run as one padded batch; prefill chunks run
-one sequence at a time, since their query lengths differ and padding them together
-would waste compute on the longest.
+One rule for every sequence in a step, whether it is prefilling, decoding or
+continuing a chunked prefill: query token i of a chunk of q_len tokens, with
+context_len tokens in context after this step, sees keys 0 .. context_len - q_len + i.
+
+On the CPU the work is our C++ kernel (csrc/paged_attention.cpp), which reads
+K/V in place through the block tables. On other devices it is plain PyTorch
+(`reference_paged_attention`), which gathers each context and runs SDPA: decodes
+as one padded batch, longer chunks one sequence at a time. The tests hold both
+to the definition.
 """
 
 from dataclasses import dataclass
@@ -20,55 +26,57 @@ import torch.nn.functional as F
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] flat slot index of each new token
-    # Prefill chunks: one entry per sequence with more than one query token.
-    prefill_query_starts: list[int]
-    prefill_query_lens: list[int]
-    prefill_context_lens: list[int]  # cached + new tokens after this step
-    prefill_context_slots: list[torch.Tensor]  # per sequence, [context_len] slots of its K/V
-    # Decodes: sequences with exactly one query token, batched.
-    decode_token_indices: torch.Tensor  # [num_decodes] where their tokens sit in the flat batch
-    decode_context_slots: torch.Tensor  # [num_decodes, longest context], padded with slot 0
-    decode_key_mask: torch.Tensor  # [num_decodes, 1, 1, longest context] True = attend
-
-    @property
-    def num_decodes(self) -> int:
-        return self.decode_token_indices.numel()
-
-
-def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    num_kv_heads, head_dim = k_cache.shape[-2:]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
-
-
-def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """slots [...] -> K or V [..., num_kv_heads, head_dim]. The slots of a step are
-    computed once (model_runner.py); each layer only gathers its own cache."""
-    num_kv_heads, head_dim = cache.shape[-2:]
-    flat = cache.view(-1, num_kv_heads, head_dim).index_select(0, slots.reshape(-1))
-    return flat.view(*slots.shape, num_kv_heads, head_dim)
+    query_start: torch.Tensor  # [num_seqs + 1] where each sequence's tokens start in the flat batch
+    context_lens: torch.Tensor  # [num_seqs] cached + new tokens after this step
+    block_tables: torch.Tensor  # [num_seqs, most blocks of any sequence], padded with block 0
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """q: [T, num_heads, head_dim]; k, v: [T, num_kv_heads, head_dim] for the new tokens.
+    """q: [T, num_heads, head_dim]; k, v: [T, num_kv_heads, head_dim] for the new
+    tokens, written to the cache first. Returns [T, num_heads, head_dim]."""
+    if q.device.type == "cpu":
+        return torch.ops.amity.paged_attention(q, k, v, k_cache, v_cache, meta.slot_mapping,
+                                               meta.query_start, meta.context_lens,
+                                               meta.block_tables, scale)
+    return reference_paged_attention(q, k, v, k_cache, v_cache, meta, scale)
 
-    Returns [T, num_heads, head_dim].
-    """
-    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+
+def _context_slots(block_table: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
+    slots = block_table[:, None] * block_size + torch.arange(block_size, device=block_table.device)
+    return slots.reshape(-1)[:context_len]
+
+
+def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """slots [...] -> K or V [..., num_kv_heads, head_dim]."""
+    num_kv_heads, head_dim = cache.shape[-2:]
+    flat = cache.view(-1, num_kv_heads, head_dim).index_select(0, slots.reshape(-1))
+    return flat.view(*slots.shape, num_kv_heads, head_dim)
+
+
+def reference_paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float):
+    num_kv_heads, head_dim = k_cache.shape[-2:]
+    block_size = k_cache.shape[1]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
     out = torch.empty_like(q)
-    for start, q_len, ctx_len, slots in zip(meta.prefill_query_starts, meta.prefill_query_lens,
-                                            meta.prefill_context_lens, meta.prefill_context_slots):
+    starts = meta.query_start.tolist()
+    context_lens = meta.context_lens.tolist()
+    decodes = []
+    for s, ctx_len in enumerate(context_lens):
+        start, q_len = starts[s], starts[s + 1] - starts[s]
+        if q_len == 1:
+            decodes.append(s)
+            continue
         q_i = q[start:start + q_len].transpose(0, 1).unsqueeze(0)
         if ctx_len == q_len:
             # Nothing cached before this chunk: its own K/V are the whole context.
             k_i, v_i = k[start:start + q_len], v[start:start + q_len]
             mask, causal = None, True
         else:
+            slots = _context_slots(meta.block_tables[s], ctx_len, block_size)
             k_i, v_i = _gather(k_cache, slots), _gather(v_cache, slots)
-            # Query i sits at position ctx_len - q_len + i and sees keys up to it.
             q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
             mask = torch.arange(ctx_len, device=q.device)[None, :] <= q_pos[:, None]
             causal = False
@@ -76,12 +84,17 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             q_i, k_i.transpose(0, 1).unsqueeze(0), v_i.transpose(0, 1).unsqueeze(0),
             attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
         out[start:start + q_len] = o.squeeze(0).transpose(0, 1)
-    if meta.num_decodes:
-        idx = meta.decode_token_indices
+    if decodes:
+        # Padded to the longest context; padding reads block 0 and is masked out.
+        longest = max(context_lens[s] for s in decodes)
+        rows = torch.tensor(decodes, device=q.device)
+        slots = torch.stack([_context_slots(meta.block_tables[s], longest, block_size) for s in decodes])
+        key_mask = torch.arange(longest, device=q.device)[None, :] < meta.context_lens[rows][:, None]
+        idx = meta.query_start[rows]
         q_d = q[idx].unsqueeze(2)  # [B, H, 1, D]
-        k_d = _gather(k_cache, meta.decode_context_slots).transpose(1, 2)  # [B, Hkv, L, D]
-        v_d = _gather(v_cache, meta.decode_context_slots).transpose(1, 2)
-        o = F.scaled_dot_product_attention(q_d, k_d, v_d, attn_mask=meta.decode_key_mask,
+        k_d = _gather(k_cache, slots).transpose(1, 2)  # [B, Hkv, L, D]
+        v_d = _gather(v_cache, slots).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q_d, k_d, v_d, attn_mask=key_mask[:, None, None, :],
                                            scale=scale, enable_gqa=True)
         out[idx] = o.squeeze(2)
     return out

@@ -1,0 +1,46 @@
+"""Our C++ CPU kernels (csrc/), built on first use and cached.
+
+`torch.utils.cpp_extension.load` compiles them with the machine's C++ compiler
+into torch's extension cache (TORCH_EXTENSIONS_DIR, by default
+~/.cache/torch_extensions) the first time a process needs them, about half a
+minute here, then loads the cached build. They are tuned to the CPU that builds
+them (-march=native), so the build's name carries a digest of that CPU's
+feature flags: a cache shared with another CPU builds its own copy.
+"""
+
+import functools
+import hashlib
+import logging
+import platform
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_attention.cpp",)]
+
+
+def _cpu_digest() -> str:
+    flags = platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags += next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    return hashlib.sha1(flags.encode()).hexdigest()[:10]
+
+
+@functools.cache
+def load_cpu_kernels() -> None:
+    """Registers torch.ops.amity.* (see csrc/); builds them if this CPU has no build yet."""
+    from torch.utils.cpp_extension import load
+
+    logger.info("loading amity's CPU kernels (the first start on a machine compiles them)")
+    load(name=f"amity_cpu_kernels_{_cpu_digest()}", sources=[str(s) for s in _SOURCES],
+         extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
+         is_python_module=False)
+
+    @torch.library.register_fake("amity::paged_attention")
+    def _(q, k, v, k_cache, v_cache, slot_mapping, query_start, context_lens, block_tables, scale):
+        return torch.empty_like(q, memory_format=torch.contiguous_format)

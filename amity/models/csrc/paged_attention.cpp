@@ -1,0 +1,246 @@
+// Paged attention on the CPU, reading K/V where they lie in the block pool.
+//
+// The PyTorch path (attention.py) gathers every sequence's context out of the pool
+// before each layer's attention: at 32 decodes that copy is a third of a step.
+// This kernel walks each sequence's block table instead. One rule covers every
+// sequence of a step: query token i of a chunk of q_len tokens, with ctx_len
+// tokens in context after this step, sees keys 0 .. ctx_len - q_len + i.
+// Long chunks (prefills) still go through ATen's SDPA, whose blocked matmuls beat
+// this kernel's per-query loops there.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// A chunk longer than this runs through SDPA on a gathered context.
+constexpr int64_t kMaxInPlaceQueryLen = 16;
+
+// The loops below are written so that the compiler vectorizes them (omp simd):
+// a K/V row is widened to float once, then every query head of its group uses it.
+// Returns a float view of n values: float rows are used where they lie, narrower
+// types are widened into `scratch`.
+inline const float* widen(const float* src, float* /*scratch*/, int64_t /*n*/) { return src; }
+
+inline const float* widen(const c10::BFloat16* src, float* dst, int64_t n) {
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
+#pragma omp simd
+  for (int64_t d = 0; d < n; ++d) {
+    const uint32_t wide = static_cast<uint32_t>(bits[d]) << 16;
+    float f;
+    std::memcpy(&f, &wide, sizeof(f));
+    dst[d] = f;
+  }
+  return dst;
+}
+
+inline const float* widen(const c10::Half* src, float* dst, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<float>(src[d]);
+  return dst;
+}
+
+// exp(x) for the x <= 0 of a max-subtracted softmax: Cephes' expf (range
+// reduction by ln 2, degree-6 polynomial; about 1e-7 relative error), in a form
+// that vectorizes, which std::exp does not without -ffast-math.
+#pragma omp declare simd
+inline float exp_nonpositive(float x) {
+  x = x < -87.f ? -87.f : x;
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+template <typename scalar_t>
+void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const int64_t* query_start, const int64_t* context_lens,
+                     const at::Tensor& block_tables, const std::vector<int64_t>& seqs,
+                     double scale, at::Tensor& out) {
+  const int64_t num_heads = q.size(1), head_dim = q.size(2);
+  const int64_t num_kv_heads = k_cache.size(2), block_size = k_cache.size(1);
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t max_blocks = block_tables.size(1);
+  const scalar_t* q_ptr = q.data_ptr<scalar_t>();
+  const scalar_t* k_ptr = k_cache.data_ptr<scalar_t>();
+  const scalar_t* v_ptr = v_cache.data_ptr<scalar_t>();
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  scalar_t* out_ptr = out.data_ptr<scalar_t>();
+  const int64_t slot_stride = num_kv_heads * head_dim;
+  const int64_t num_items = static_cast<int64_t>(seqs.size()) * num_kv_heads;
+  const float scale_f = static_cast<float>(scale);
+
+  // Threads pay off only past a few thousand key rows: a batch-1 decode stays on
+  // one thread rather than wake the pool for microseconds of work.
+  int64_t num_key_rows = 0;
+  for (int64_t s : seqs) num_key_rows += context_lens[s] * (query_start[s + 1] - query_start[s]);
+  const int64_t grain = num_key_rows * num_kv_heads < 8192 ? num_items : 1;
+  at::parallel_for(0, num_items, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> query(group * head_dim), acc(group * head_dim), row(head_dim), scores;
+    std::vector<float> inv_sum(group);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t s = seqs[item / num_kv_heads], kv_head = item % num_kv_heads;
+      const int64_t start = query_start[s], q_len = query_start[s + 1] - start;
+      const int64_t ctx_len = context_lens[s];
+      const int64_t* table = tables + s * max_blocks;
+      for (int64_t i = 0; i < q_len; ++i) {
+        const int64_t num_keys = ctx_len - q_len + i + 1;
+        const int64_t token = start + i;
+        scores.resize(group * num_keys);
+        for (int64_t g = 0; g < group; ++g) {
+          float* qg = query.data() + g * head_dim;
+          const float* src = widen(q_ptr + (token * num_heads + kv_head * group + g) * head_dim,
+                                   row.data(), head_dim);
+#pragma omp simd
+          for (int64_t d = 0; d < head_dim; ++d) qg[d] = src[d] * scale_f;
+        }
+        for (int64_t j = 0, slot = 0; j < num_keys; ++j, ++slot) {
+          if (j % block_size == 0) slot = table[j / block_size] * block_size;
+          const float* kr = widen(k_ptr + slot * slot_stride + kv_head * head_dim, row.data(), head_dim);
+          for (int64_t g = 0; g < group; ++g) {
+            const float* qg = query.data() + g * head_dim;
+            float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t d = 0; d < head_dim; ++d) dot += qg[d] * kr[d];
+            scores[g * num_keys + j] = dot;
+          }
+        }
+        for (int64_t g = 0; g < group; ++g) {
+          float* sc = scores.data() + g * num_keys;
+          float top = sc[0];
+          for (int64_t j = 1; j < num_keys; ++j) top = sc[j] > top ? sc[j] : top;
+          float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t j = 0; j < num_keys; ++j) {
+            sc[j] = exp_nonpositive(sc[j] - top);
+            sum += sc[j];
+          }
+          inv_sum[g] = 1.f / sum;
+        }
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t j = 0, slot = 0; j < num_keys; ++j, ++slot) {
+          if (j % block_size == 0) slot = table[j / block_size] * block_size;
+          const float* vr = widen(v_ptr + slot * slot_stride + kv_head * head_dim, row.data(), head_dim);
+          for (int64_t g = 0; g < group; ++g) {
+            const float p = scores[g * num_keys + j];
+            float* a = acc.data() + g * head_dim;
+#pragma omp simd
+            for (int64_t d = 0; d < head_dim; ++d) a[d] += p * vr[d];
+          }
+        }
+        for (int64_t g = 0; g < group; ++g) {
+          scalar_t* dst = out_ptr + (token * num_heads + kv_head * group + g) * head_dim;
+          for (int64_t d = 0; d < head_dim; ++d)
+            dst[d] = static_cast<scalar_t>(acc[g * head_dim + d] * inv_sum[g]);
+        }
+      }
+    }
+  });
+}
+
+void attend_gathered(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t start,
+                     int64_t q_len, int64_t ctx_len, const at::Tensor& table, double scale,
+                     at::Tensor& out) {
+  const int64_t num_kv_heads = k_cache.size(2), head_dim = k_cache.size(3);
+  const int64_t block_size = k_cache.size(1);
+  at::Tensor q_i = q.narrow(0, start, q_len).transpose(0, 1).unsqueeze(0);
+  at::Tensor k_i, v_i;
+  std::optional<at::Tensor> mask;
+  bool is_causal = false;
+  if (ctx_len == q_len) {
+    // Nothing cached before this chunk: its own K/V are the whole context.
+    k_i = k.narrow(0, start, q_len);
+    v_i = v.narrow(0, start, q_len);
+    is_causal = true;
+  } else {
+    const int64_t num_blocks = (ctx_len + block_size - 1) / block_size;
+    at::Tensor slots = (table.narrow(0, 0, num_blocks).unsqueeze(1) * block_size +
+                        at::arange(block_size, table.options()))
+                           .reshape({-1})
+                           .narrow(0, 0, ctx_len);
+    k_i = k_cache.view({-1, num_kv_heads, head_dim}).index_select(0, slots);
+    v_i = v_cache.view({-1, num_kv_heads, head_dim}).index_select(0, slots);
+    at::Tensor q_pos = at::arange(ctx_len - q_len, ctx_len, table.options());
+    mask = at::arange(ctx_len, table.options()).unsqueeze(0) <= q_pos.unsqueeze(1);
+  }
+  at::Tensor o = at::scaled_dot_product_attention(
+      q_i, k_i.transpose(0, 1).unsqueeze(0), v_i.transpose(0, 1).unsqueeze(0), mask, 0.0,
+      is_causal, scale, /*enable_gqa=*/true);
+  out.narrow(0, start, q_len).copy_(o.squeeze(0).transpose(0, 1));
+}
+
+}  // namespace
+
+// q [T, H, D]; k, v [T, Hkv, D] (the step's new tokens, written to slot_mapping
+// first); k_cache, v_cache [num_blocks, block_size, Hkv, D]; query_start [S + 1],
+// context_lens [S], block_tables [S, max_blocks] (int64). Returns [T, H, D].
+at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v,
+                           at::Tensor& k_cache, at::Tensor& v_cache,
+                           const at::Tensor& slot_mapping, const at::Tensor& query_start_in,
+                           const at::Tensor& context_lens_in, const at::Tensor& block_tables_in,
+                           double scale) {
+  TORCH_CHECK(q_in.device().is_cpu(), "amity::paged_attention is a CPU kernel");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "KV cache must be contiguous");
+  const int64_t num_kv_heads = k_cache.size(2), head_dim = k_cache.size(3);
+  k_cache.view({-1, num_kv_heads, head_dim}).index_copy_(0, slot_mapping, k);
+  v_cache.view({-1, num_kv_heads, head_dim}).index_copy_(0, slot_mapping, v);
+
+  at::Tensor q = q_in.contiguous();
+  at::Tensor query_start = query_start_in.to(at::kLong).contiguous();
+  at::Tensor context_lens = context_lens_in.to(at::kLong).contiguous();
+  at::Tensor block_tables = block_tables_in.to(at::kLong).contiguous();
+  at::Tensor out = at::empty_like(q);
+  const int64_t* starts = query_start.data_ptr<int64_t>();
+  const int64_t* ctx = context_lens.data_ptr<int64_t>();
+
+  std::vector<int64_t> in_place;
+  for (int64_t s = 0; s < context_lens.size(0); ++s) {
+    const int64_t q_len = starts[s + 1] - starts[s];
+    if (q_len <= kMaxInPlaceQueryLen) {
+      in_place.push_back(s);
+    } else {
+      attend_gathered(q, k, v, k_cache, v_cache, starts[s], q_len, ctx[s], block_tables[s],
+                      scale, out);
+    }
+  }
+  if (!in_place.empty()) {
+    switch (q.scalar_type()) {
+      case at::kFloat:
+        attend_in_place<float>(q, k_cache, v_cache, starts, ctx, block_tables, in_place, scale, out);
+        break;
+      case at::kBFloat16:
+        attend_in_place<c10::BFloat16>(q, k_cache, v_cache, starts, ctx, block_tables, in_place, scale, out);
+        break;
+      case at::kHalf:
+        attend_in_place<c10::Half>(q, k_cache, v_cache, starts, ctx, block_tables, in_place, scale, out);
+        break;
+      default:
+        TORCH_CHECK(false, "amity::paged_attention takes float32, bfloat16 or float16, not ", q.scalar_type());
+    }
+  }
+  return out;
+}
+
+TORCH_LIBRARY_FRAGMENT(amity, m) {
+  m.def("paged_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+        "Tensor slot_mapping, Tensor query_start, Tensor context_lens, Tensor block_tables, "
+        "float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(amity, CPU, m) {
+  m.impl("paged_attention", &paged_attention);
+}

@@ -1,0 +1,103 @@
+"""Paged attention against its definition.
+
+Each case is a step mixing decodes, short chunks over a cached context (the C++
+kernel's in-place path), and long chunks with and without a cached context (its
+SDPA path), with blocks scattered through the pool. Both the C++ kernel and the
+PyTorch reference must equal attention written out densely in float64: query i
+of a chunk of q_len tokens, context_len tokens long after the step, sees keys
+0 .. context_len - q_len + i, and query head h reads K/V head h // (H / Hkv).
+"""
+
+import pytest
+import torch
+
+from amity.models.attention import AttentionMetadata, reference_paged_attention
+from amity.models.cpu_kernels import load_cpu_kernels
+
+BLOCK_SIZE = 4
+NUM_BLOCKS = 64
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 6, 2, 16
+
+# (cached tokens before the step, new tokens this step)
+STEP = [(9, 1), (0, 1), (3, 1), (5, 7), (0, 20), (11, 18), (2, 16), (0, 3)]
+
+
+def _build_step(dtype):
+    gen = torch.Generator().manual_seed(0)
+    free = torch.randperm(NUM_BLOCKS, generator=gen).tolist()
+    tables, slots, query_start, context_lens = [], [], [0], []
+    for cached, new in STEP:
+        total = cached + new
+        table = [free.pop() for _ in range(-(-total // BLOCK_SIZE))]
+        tables.append(table)
+        slots += [table[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(cached, total)]
+        query_start.append(query_start[-1] + new)
+        context_lens.append(total)
+    width = max(map(len, tables))
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots),
+        query_start=torch.tensor(query_start),
+        context_lens=torch.tensor(context_lens),
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables]))
+    num_tokens = query_start[-1]
+    shape = (NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    # Cached K/V: random everywhere, so whatever a wrong slot reads is wrong.
+    k_cache = torch.randn(shape, generator=gen).to(dtype)
+    v_cache = torch.randn(shape, generator=gen).to(dtype)
+    q = torch.randn(num_tokens, NUM_HEADS, HEAD_DIM, generator=gen).to(dtype)
+    k = torch.randn(num_tokens, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
+    v = torch.randn(num_tokens, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
+    return q, k, v, k_cache, v_cache, meta, tables
+
+
+def _dense(q, k, v, k_cache, v_cache, tables, scale):
+    """The definition, written out in float64 on the cache as it is after the step's writes."""
+    out = torch.empty(q.shape, dtype=torch.float64)
+    group = NUM_HEADS // NUM_KV_HEADS
+    flat_k = k_cache.double().reshape(-1, NUM_KV_HEADS, HEAD_DIM)
+    flat_v = v_cache.double().reshape(-1, NUM_KV_HEADS, HEAD_DIM)
+    token = 0
+    for (cached, new), table in zip(STEP, tables):
+        total = cached + new
+        slots = torch.tensor([table[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(total)])
+        keys, values = flat_k[slots], flat_v[slots]  # [total, Hkv, D]
+        for i in range(new):
+            visible = cached + i + 1
+            for h in range(NUM_HEADS):
+                scores = keys[:visible, h // group] @ q[token, h].double() * scale
+                out[token, h] = torch.softmax(scores, 0) @ values[:visible, h // group]
+            token += 1
+    return out
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("impl", ["kernel", "reference"])
+def test_paged_attention_matches_definition(impl, dtype, atol):
+    load_cpu_kernels()
+    q, k, v, k_cache, v_cache, meta, tables = _build_step(dtype)
+    scale = HEAD_DIM ** -0.5
+    if impl == "kernel":
+        out = torch.ops.amity.paged_attention(q, k, v, k_cache, v_cache, meta.slot_mapping,
+                                              meta.query_start, meta.context_lens,
+                                              meta.block_tables, scale)
+    else:
+        out = reference_paged_attention(q, k, v, k_cache, v_cache, meta, scale)
+    # The step's new K/V went to their slots.
+    assert torch.equal(k_cache.reshape(-1, NUM_KV_HEADS, HEAD_DIM)[meta.slot_mapping], k)
+    assert torch.equal(v_cache.reshape(-1, NUM_KV_HEADS, HEAD_DIM)[meta.slot_mapping], v)
+    expected = _dense(q, k, v, k_cache, v_cache, tables, scale)
+    assert out.dtype == dtype and out.shape == q.shape
+    torch.testing.assert_close(out.double(), expected, atol=atol, rtol=0)
+
+
+def test_kernel_takes_strided_query():
+    """q arrives as a view of the fused qkv projection, not contiguous."""
+    load_cpu_kernels()
+    q, k, v, k_cache, v_cache, meta, tables = _build_step(torch.float32)
+    wide = torch.cat([q, torch.zeros_like(q)], dim=-1)[..., :HEAD_DIM]
+    assert not wide.is_contiguous()
+    scale = HEAD_DIM ** -0.5
+    out = torch.ops.amity.paged_attention(wide, k, v, k_cache, v_cache, meta.slot_mapping,
+                                          meta.query_start, meta.context_lens, meta.block_tables, scale)
+    torch.testing.assert_close(out.double(), _dense(q, k, v, k_cache, v_cache, tables, scale),
+                               atol=1e-5, rtol=0)
