@@ -18,7 +18,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_attention.cpp",)]
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_attention.cpp", "int8_linear.cpp")]
 
 
 def _cpu_digest() -> str:
@@ -44,3 +44,7 @@ def load_cpu_kernels() -> None:
     @torch.library.register_fake("amity::paged_attention")
     def _(q, k, v, k_cache, v_cache, slot_mapping, query_start, context_lens, block_tables, scale):
         return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+    @torch.library.register_fake("amity::int8_linear")
+    def _(x, weight, scale, bias):
+        return x.new_empty(x.shape[0], weight.shape[0])

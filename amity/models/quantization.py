@@ -2,7 +2,7 @@
 
 The model stays a plain `nn.Module` built from `nn.Linear`s; quantization replaces
 those layers afterwards, so loading, parity tests and every architecture share one
-model definition. Two schemes, chosen by measurement on CPUs like this one (see
+model definition. Three schemes, chosen by measurement on CPUs like this one (see
 benchmarks/README.md, "Quantized matmuls"):
 
 - `int8`: int8 weights (one scale per output channel) and int8 activations (one
@@ -11,12 +11,17 @@ benchmarks/README.md, "Quantized matmuls"):
   GEMM. Because the product is exact integer arithmetic and each token's scale
   depends only on that token, a request's numbers do not depend on what else is in
   its batch.
+- `int8-weight`: the same int8 weights with float activations, multiplied by our
+  C++ kernel (csrc/int8_linear.cpp), which widens the weights in registers. It
+  suits a single stream and small batches, where a step is bound by reading the
+  weights: it reads a quarter of float32's bytes, and it is the most accurate of
+  the three.
 - `int4`: weight-only int4 in groups of 32 along the input (a scale and an offset
   per group, the layout of GGUF's Q4_1), multiplied by torch's int4 CPU kernel with
   bfloat16 activations. It suits a single stream, where the step is bound by
   reading the weights.
 
-Both are CPU kernels; on a GPU the engine runs the float weights.
+All are CPU kernels; on a GPU the engine runs the float weights.
 """
 
 import torch
@@ -31,13 +36,19 @@ def _float_bias(linear: nn.Linear) -> nn.Parameter | None:
     return nn.Parameter(linear.bias.detach().float(), requires_grad=False)
 
 
+def _int8_rows(linear: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 weights [out, in] with one float32 scale per output row."""
+    weight = linear.weight.detach().float()
+    scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
+    return torch.round(weight / scale[:, None]).to(torch.int8), scale
+
+
 class Int8Linear(nn.Module):
     def __init__(self, linear: nn.Linear):
         super().__init__()
-        weight = linear.weight.detach().float()
-        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
+        weight, scale = _int8_rows(linear)
         # _int_mm takes [M, K] x [K, N]: keep the weight transposed once, here.
-        self.register_buffer("weight_t", torch.round(weight / scale[:, None]).to(torch.int8).t().contiguous())
+        self.register_buffer("weight_t", weight.t().contiguous())
         self.register_buffer("weight_scale", scale)
         self.bias = _float_bias(linear)
 
@@ -50,6 +61,23 @@ class Int8Linear(nn.Module):
         if self.bias is not None:
             out = out + self.bias
         return out.to(dtype).reshape(*shape[:-1], -1)
+
+
+class Int8WeightLinear(nn.Module):
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        if linear.in_features % 16:
+            raise ValueError(f"int8-weight needs in_features divisible by 16, got {linear.in_features}")
+        weight, scale = _int8_rows(linear)
+        self.register_buffer("weight", weight)
+        self.register_buffer("weight_scale", scale)
+        self.bias = _float_bias(linear)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        out = torch.ops.amity.int8_linear(x.reshape(-1, shape[-1]), self.weight, self.weight_scale,
+                                          self.bias)
+        return out.reshape(*shape[:-1], -1)
 
 
 class Int4Linear(nn.Module):
@@ -82,7 +110,7 @@ class Int4Linear(nn.Module):
         return out.reshape(*shape[:-1], -1)
 
 
-_LAYERS = {"int8": Int8Linear, "int4": Int4Linear}
+_LAYERS = {"int8": Int8Linear, "int8-weight": Int8WeightLinear, "int4": Int4Linear}
 
 
 def quantize_model(model: nn.Module, scheme: str, device: torch.device) -> nn.Module:

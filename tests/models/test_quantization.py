@@ -11,7 +11,8 @@ from amity.config import EngineConfig
 from amity.engine.llm_engine import LLMEngine
 from amity.engine.sampling_params import SamplingParams
 from amity.models.loader import load_model
-from amity.models.quantization import Int4Linear, Int8Linear, quantize_model
+from amity.models.cpu_kernels import load_cpu_kernels
+from amity.models.quantization import Int4Linear, Int8Linear, Int8WeightLinear, quantize_model
 from tests.models.test_parity import engine_logits
 
 
@@ -42,6 +43,32 @@ def test_int8_is_int8_weights_times_per_token_int8_activations():
     for i in range(5):
         assert torch.equal(layer(x[i:i + 1]), got[i:i + 1])
     assert (got - linear(x)).abs().max() < 0.05 * linear(x).abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_weight_is_int8_weights_times_float_activations(dtype):
+    load_cpu_kernels()
+    torch.manual_seed(0)
+    # 51 rows: the kernel's row tiles (4 for one token, 2 for more) leave rows over.
+    weight = torch.randn(51, 96) * 0.05
+    linear = _linear(51, 96, weight)
+    layer = Int8WeightLinear(linear)
+    w_scale = weight.abs().amax(1) / 127
+    w_q = torch.round(weight / w_scale[:, None])
+    assert torch.equal(layer.weight.double(), w_q.double()) and layer.weight.dtype == torch.int8
+    # 1 token, a full 4-token tile, and 4 + 3 left over.
+    for num_tokens in (1, 4, 7):
+        x = torch.randn(num_tokens, 96).to(dtype)
+        expected = (x.double() @ w_q.double().t()) * w_scale.double() + linear.bias.double()
+        got = layer(x)
+        assert got.dtype == dtype and got.shape == (num_tokens, 51)
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(got.double(), expected, rtol=tol, atol=tol)
+        # A token's numbers do not depend on its batch: alone, bit for bit the same.
+        for i in range(num_tokens):
+            assert torch.equal(layer(x[i:i + 1]), got[i:i + 1])
+    with pytest.raises(ValueError, match="divisible by 16"):
+        Int8WeightLinear(_linear(8, 40, torch.randn(8, 40)))
 
 
 def test_int4_reproduces_weights_on_a_q4_1_grid_exactly():
@@ -83,7 +110,7 @@ def test_quantize_model_replaces_every_linear_but_keeps_the_tied_embedding(tiny_
         quantize_model(loaded.model, "fp8", torch.device("cpu"))
 
 
-@pytest.mark.parametrize("scheme", ["int8", "int4"])
+@pytest.mark.parametrize("scheme", ["int8", "int8-weight", "int4"])
 def test_quantized_engine_batches_like_it_runs_alone(tiny_model_factory, scheme):
     path = tiny_model_factory("llama")
     engine = LLMEngine(EngineConfig(model=str(path), dtype="float32", kv_cache_memory="16MiB",
@@ -104,9 +131,10 @@ def default_model():
 
 
 # Measured on a 700-token English text (benchmarks/README.md has the figures): int8
-# keeps the float32 argmax at ~89% of positions (KL ~0.03), int4 at ~88% (KL ~0.05);
-# bfloat16 at ~98%. A broken kernel or packing falls to a few percent.
-@pytest.mark.parametrize("scheme", ["int8", "int4"])
+# keeps the float32 argmax at ~89% of positions (KL ~0.03), int8-weight at ~95%
+# (KL ~0.005), int4 at ~88% (KL ~0.05); bfloat16 at ~98%. A broken kernel or
+# packing falls to a few percent.
+@pytest.mark.parametrize("scheme", ["int8", "int8-weight", "int4"])
 def test_quantized_default_model_stays_close_to_float32(default_model, scheme):
     text = ("The Roman Empire was the post-Republican state of ancient Rome. It is generally "
             "understood to mean the period and territory ruled by the Romans following "

@@ -11,6 +11,10 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -42,6 +46,22 @@ inline const float* widen(const c10::BFloat16* src, float* dst, int64_t n) {
 inline const float* widen(const c10::Half* src, float* dst, int64_t n) {
   for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<float>(src[d]);
   return dst;
+}
+
+// The dot product of a query and a key row. gcc's own reduction of an omp simd
+// loop ends in a serial chain of scalar adds; the AVX-512 form sums in a tree.
+inline float dot(const float* a, const float* b, int64_t n) {
+#if defined(__AVX512F__)
+  if (n % 16 == 0) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t d = 0; d < n; d += 16)
+      acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
+    return _mm512_reduce_add_ps(acc);
+  }
+#endif
+  float sum = 0.f;
+  for (int64_t d = 0; d < n; ++d) sum += a[d] * b[d];
+  return sum;
 }
 
 // exp(x) for the x <= 0 of a max-subtracted softmax: Cephes' expf (range
@@ -87,7 +107,7 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   // one thread rather than wake the pool for microseconds of work.
   int64_t num_key_rows = 0;
   for (int64_t s : seqs) num_key_rows += context_lens[s] * (query_start[s + 1] - query_start[s]);
-  const int64_t grain = num_key_rows * num_kv_heads < 8192 ? num_items : 1;
+  const int64_t grain = num_key_rows * num_kv_heads < 1024 ? num_items : 1;
   at::parallel_for(0, num_items, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> query(group * head_dim), acc(group * head_dim), row(head_dim), scores;
     std::vector<float> inv_sum(group);
@@ -110,13 +130,8 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
         for (int64_t j = 0, slot = 0; j < num_keys; ++j, ++slot) {
           if (j % block_size == 0) slot = table[j / block_size] * block_size;
           const float* kr = widen(k_ptr + slot * slot_stride + kv_head * head_dim, row.data(), head_dim);
-          for (int64_t g = 0; g < group; ++g) {
-            const float* qg = query.data() + g * head_dim;
-            float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t d = 0; d < head_dim; ++d) dot += qg[d] * kr[d];
-            scores[g * num_keys + j] = dot;
-          }
+          for (int64_t g = 0; g < group; ++g)
+            scores[g * num_keys + j] = dot(query.data() + g * head_dim, kr, head_dim);
         }
         for (int64_t g = 0; g < group; ++g) {
           float* sc = scores.data() + g * num_keys;
@@ -183,6 +198,28 @@ void attend_gathered(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   out.narrow(0, start, q_len).copy_(o.squeeze(0).transpose(0, 1));
 }
 
+// The step's new K/V rows into their slots: a row copy per token, which is all
+// index_copy_ does, without its dispatch and iterator set-up per call.
+void write_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k_in,
+              const at::Tensor& v_in, const at::Tensor& slot_mapping_in) {
+  TORCH_CHECK(k_in.scalar_type() == k_cache.scalar_type() && v_in.scalar_type() == v_cache.scalar_type(),
+              "new K/V and the cache disagree on dtype");
+  const at::Tensor k = k_in.contiguous(), v = v_in.contiguous();
+  const at::Tensor slots = slot_mapping_in.to(at::kLong).contiguous();
+  const int64_t row_bytes = k_cache.size(2) * k_cache.size(3) * k_cache.element_size();
+  const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  char* k_dst = static_cast<char*>(k_cache.data_ptr());
+  char* v_dst = static_cast<char*>(v_cache.data_ptr());
+  const char* k_src = static_cast<const char*>(k.data_ptr());
+  const char* v_src = static_cast<const char*>(v.data_ptr());
+  for (int64_t t = 0; t < slots.size(0); ++t) {
+    TORCH_CHECK(slot[t] >= 0 && slot[t] < num_slots, "slot ", slot[t], " is outside the KV cache");
+    std::memcpy(k_dst + slot[t] * row_bytes, k_src + t * row_bytes, row_bytes);
+    std::memcpy(v_dst + slot[t] * row_bytes, v_src + t * row_bytes, row_bytes);
+  }
+}
+
 }  // namespace
 
 // q [T, H, D]; k, v [T, Hkv, D] (the step's new tokens, written to slot_mapping
@@ -195,9 +232,7 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k, const at
                            double scale) {
   TORCH_CHECK(q_in.device().is_cpu(), "amity::paged_attention is a CPU kernel");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "KV cache must be contiguous");
-  const int64_t num_kv_heads = k_cache.size(2), head_dim = k_cache.size(3);
-  k_cache.view({-1, num_kv_heads, head_dim}).index_copy_(0, slot_mapping, k);
-  v_cache.view({-1, num_kv_heads, head_dim}).index_copy_(0, slot_mapping, v);
+  write_kv(k_cache, v_cache, k, v, slot_mapping);
 
   at::Tensor q = q_in.contiguous();
   at::Tensor query_start = query_start_in.to(at::kLong).contiguous();
