@@ -69,11 +69,12 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--quantization", nargs="+", default=["none"],
                         help="amity runs once per scheme listed (none, int8, int4)")
+    parser.add_argument("--compile", action="store_true", help="amity with --compile (torch.compile)")
     parser.add_argument("--skip-transformers", action="store_true")
     args = parser.parse_args()
 
     engines = {q: LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, kv_cache_memory="1GiB",
-                                         quantization=q))
+                                         quantization=q, compile=args.compile))
                for q in args.quantization}
     first = next(iter(engines.values()))
     dtype = resolve_dtype(args.dtype, first.device)
@@ -82,7 +83,7 @@ def main() -> None:
     for n in args.num_prompts:
         prompts = make_prompts(first.tokenizer, n, args.input_len)
         row = {"num_prompts": n, "input_len": args.input_len, "output_len": args.output_len,
-               "dtype": str(dtype).removeprefix("torch.")}
+               "dtype": str(dtype).removeprefix("torch."), "compile": args.compile}
         for q, engine in engines.items():
             row[f"amity_{q}_tokens_per_s"] = round(run_amity(engine, prompts, args.output_len), 2)
         if not args.skip_transformers:

@@ -4,6 +4,10 @@
 event loop only queues commands (add, abort) to it and receives per-step outputs
 through one asyncio queue per request, so a long step never blocks the loop and a
 request's consumer sees its outputs in order.
+
+That thread also builds the engine (`from_config`). OpenMP keeps a thread team
+per thread that starts parallel work: a model built on one thread and stepped on
+another ran about 30% slower here (two teams' workers contending for two cores).
 """
 
 import asyncio
@@ -12,6 +16,7 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import Future
 
 from amity.config import EngineConfig
 from amity.engine.llm_engine import LLMEngine
@@ -25,20 +30,46 @@ class EngineDeadError(RuntimeError):
     """The engine loop raised; requests in flight are ended with this."""
 
 
+class _EngineThread:
+    """One daemon thread that runs what it is given, in order: a daemon, unlike
+    ThreadPoolExecutor's workers, so a stuck step can never hold up the exit."""
+
+    def __init__(self):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="amity-engine", daemon=True).start()
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        self._jobs.put((future, fn, args))
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            future, fn, args = self._jobs.get()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as error:  # handed to whoever waits on the future
+                    future.set_exception(error)
+
+
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine, worker: _EngineThread | None = None):
+        """`worker`: the thread that built `engine`, which will also step it."""
         self.engine = engine
+        self._worker = worker or _EngineThread()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._streams: dict[str, asyncio.Queue] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._running: Future | None = None
         self._stopping = False
         self._ids = itertools.count()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "AsyncEngine":
-        return cls(LLMEngine(config))
+        worker = _EngineThread()
+        return cls(worker.submit(LLMEngine, config).result(), worker)
 
     # What the server reads of the model.
     @property
@@ -66,14 +97,14 @@ class AsyncEngine:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="amity-engine", daemon=True)
-        self._thread.start()
+        self._stopping = False
+        self._running = self._worker.submit(self._run)
 
     async def shutdown(self) -> None:
         self._stopping = True
         self._wakeup.set()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)
+        if self._running is not None:
+            await asyncio.wrap_future(self._running)
 
     def new_request_id(self) -> str:
         return f"req-{next(self._ids)}"
@@ -84,7 +115,7 @@ class AsyncEngine:
         """Per-step outputs of one request. Raises RequestError before anything is
         queued if the engine cannot serve it; leaving the loop early aborts it."""
         self.engine.validate(prompt_token_ids, params, embedding_to_replace, token_index_to_replace)
-        if self._thread is None or not self._thread.is_alive():
+        if self._running is None or self._running.done():
             raise EngineDeadError("the engine is not running")
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = stream
@@ -118,6 +149,10 @@ class AsyncEngine:
     def _publish(self, request_id: str, item) -> None:
         self._loop.call_soon_threadsafe(self._deliver, request_id, item)
 
+    def _deliver_step(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            self._deliver(out.request_id, out)
+
     def _apply_commands(self) -> None:
         while True:
             try:
@@ -148,5 +183,6 @@ class AsyncEngine:
                     self.engine.abort_request(request_id)
                     self._publish(request_id, EngineDeadError(f"engine step failed: {error}"))
                 continue
-            for out in outputs:
-                self._publish(out.request_id, out)
+            # One wake-up of the event loop per step, not one per request.
+            if outputs:
+                self._loop.call_soon_threadsafe(self._deliver_step, outputs)

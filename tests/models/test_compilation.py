@@ -41,22 +41,36 @@ def _run(engine: LLMEngine, vocab: int) -> dict[str, tuple[list[int], list[float
             for request_id, f in finals.items()}
 
 
-def test_compiled_engine_matches_eager(tiny_llama_path):
-    def engine(compile: bool) -> LLMEngine:
-        loaded = load_model(tiny_llama_path, torch.float32, torch.device("cpu"))
-        return LLMEngine(EngineConfig(model=str(tiny_llama_path), dtype="float32",
-                                      kv_cache_memory="16MiB", block_size=8, max_num_seqs=8,
-                                      max_num_batched_tokens=24, num_threads=1, compile=compile),
-                         loaded=loaded)
+def _engine(path, compile: bool, quantization: str = "none") -> LLMEngine:
+    loaded = load_model(path, torch.float32, torch.device("cpu"))
+    return LLMEngine(EngineConfig(model=str(path), dtype="float32", kv_cache_memory="16MiB",
+                                  block_size=8, max_num_seqs=8, max_num_batched_tokens=24,
+                                  num_threads=1, compile=compile, quantization=quantization),
+                     loaded=loaded)
 
-    eager = engine(compile=False)
-    vocab = eager.vocab_size
-    expected = _run(eager, vocab)
-    torch._dynamo.reset()
-    compiled = engine(compile=True)
-    got = _run(compiled, vocab)
+
+def _assert_same(got, expected):
     assert set(got) == set(expected) == {f"r{i}" for i in range(len(PROMPT_LENS))}
     for request_id, (tokens, logprobs) in expected.items():
         assert got[request_id][0] == tokens, request_id
         torch.testing.assert_close(got[request_id][1], logprobs, atol=1e-4, rtol=0)
+
+
+def test_compiled_engine_matches_eager(tiny_llama_path):
+    eager = _engine(tiny_llama_path, compile=False)
+    expected = _run(eager, eager.vocab_size)
+    torch._dynamo.reset()
+    compiled = _engine(tiny_llama_path, compile=True)
+    _assert_same(_run(compiled, eager.vocab_size), expected)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
+
+
+def test_second_compiled_model_keeps_its_own_graphs(tiny_llama_path):
+    """Dynamo caches graphs per code object, and compilation.py skips guards on
+    modules: a second model of another structure must still get its own graphs."""
+    first = _engine(tiny_llama_path, compile=True)
+    _run(first, first.vocab_size)
+    eager = _engine(tiny_llama_path, compile=False, quantization="int8-weight")
+    expected = _run(eager, eager.vocab_size)
+    second = _engine(tiny_llama_path, compile=True, quantization="int8-weight")
+    _assert_same(_run(second, eager.vocab_size), expected)

@@ -64,6 +64,20 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+// Asks for one head's rows of a block ahead of their use: a core's demand misses
+// alone stream K/V at a fraction of the memory bandwidth on this kind of machine.
+template <typename scalar_t>
+inline void prefetch_block(const scalar_t* first_row, int64_t block_size, int64_t slot_stride,
+                           int64_t head_dim) {
+#if defined(__AVX512F__)
+  const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(scalar_t));
+  for (int64_t t = 0; t < block_size; ++t) {
+    const char* row = reinterpret_cast<const char*>(first_row + t * slot_stride);
+    for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+  }
+#endif
+}
+
 // exp(x) for the x <= 0 of a max-subtracted softmax: Cephes' expf (range
 // reduction by ln 2, degree-6 polynomial; about 1e-7 relative error), in a form
 // that vectorizes, which std::exp does not without -ffast-math.
@@ -128,7 +142,12 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
           for (int64_t d = 0; d < head_dim; ++d) qg[d] = src[d] * scale_f;
         }
         for (int64_t j = 0, slot = 0; j < num_keys; ++j, ++slot) {
-          if (j % block_size == 0) slot = table[j / block_size] * block_size;
+          if (j % block_size == 0) {
+            slot = table[j / block_size] * block_size;
+            if (j + block_size < num_keys)
+              prefetch_block(k_ptr + table[j / block_size + 1] * block_size * slot_stride + kv_head * head_dim,
+                             block_size, slot_stride, head_dim);
+          }
           const float* kr = widen(k_ptr + slot * slot_stride + kv_head * head_dim, row.data(), head_dim);
           for (int64_t g = 0; g < group; ++g)
             scores[g * num_keys + j] = dot(query.data() + g * head_dim, kr, head_dim);
@@ -147,7 +166,12 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
         }
         std::fill(acc.begin(), acc.end(), 0.f);
         for (int64_t j = 0, slot = 0; j < num_keys; ++j, ++slot) {
-          if (j % block_size == 0) slot = table[j / block_size] * block_size;
+          if (j % block_size == 0) {
+            slot = table[j / block_size] * block_size;
+            if (j + block_size < num_keys)
+              prefetch_block(v_ptr + table[j / block_size + 1] * block_size * slot_stride + kv_head * head_dim,
+                             block_size, slot_stride, head_dim);
+          }
           const float* vr = widen(v_ptr + slot * slot_stride + kv_head * head_dim, row.data(), head_dim);
           for (int64_t g = 0; g < group; ++g) {
             const float p = scores[g * num_keys + j];
