@@ -11,7 +11,9 @@ feature flags: a cache shared with another CPU builds its own copy.
 import functools
 import hashlib
 import logging
+import os
 import platform
+import sys
 from pathlib import Path
 
 import torch
@@ -36,6 +38,11 @@ def load_cpu_kernels() -> None:
     """Registers torch.ops.amity.* (see csrc/); builds them if this CPU has no build yet."""
     from torch.utils.cpp_extension import load
 
+    # torch runs `ninja` from PATH; ours comes with the environment (the `ninja`
+    # package), whose bin/ is not on PATH when its python is run directly.
+    bin_dir = os.path.dirname(sys.executable)
+    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     logger.info("loading amity's CPU kernels (the first start on a machine compiles them)")
     load(name=f"amity_cpu_kernels_{_cpu_digest()}", sources=[str(s) for s in _SOURCES],
          extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],

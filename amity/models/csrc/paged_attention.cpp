@@ -78,6 +78,24 @@ inline void prefetch_block(const scalar_t* first_row, int64_t block_size, int64_
 #endif
 }
 
+// Calls visit(j, row) for the keys j = 0 .. num_keys - 1 of one sequence, `row`
+// pointing at one head's K or V of key j in the pool, and prefetches each next
+// block of the table while the current one is used.
+template <typename scalar_t, typename Visit>
+inline void walk_context(const scalar_t* cache, const int64_t* table, int64_t num_keys,
+                         int64_t block_size, int64_t slot_stride, int64_t head_offset,
+                         int64_t head_dim, Visit visit) {
+  for (int64_t j = 0, slot = 0; j < num_keys; ++j, ++slot) {
+    if (j % block_size == 0) {
+      slot = table[j / block_size] * block_size;
+      if (j + block_size < num_keys)
+        prefetch_block(cache + table[j / block_size + 1] * block_size * slot_stride + head_offset,
+                       block_size, slot_stride, head_dim);
+    }
+    visit(j, cache + slot * slot_stride + head_offset);
+  }
+}
+
 // exp(x) for the x <= 0 of a max-subtracted softmax: Cephes' expf (range
 // reduction by ln 2, degree-6 polynomial; about 1e-7 relative error), in a form
 // that vectorizes, which std::exp does not without -ffast-math.
@@ -141,17 +159,12 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
 #pragma omp simd
           for (int64_t d = 0; d < head_dim; ++d) qg[d] = src[d] * scale_f;
         }
-        for (int64_t j = 0, slot = 0; j < num_keys; ++j, ++slot) {
-          if (j % block_size == 0) {
-            slot = table[j / block_size] * block_size;
-            if (j + block_size < num_keys)
-              prefetch_block(k_ptr + table[j / block_size + 1] * block_size * slot_stride + kv_head * head_dim,
-                             block_size, slot_stride, head_dim);
-          }
-          const float* kr = widen(k_ptr + slot * slot_stride + kv_head * head_dim, row.data(), head_dim);
+        walk_context(k_ptr, table, num_keys, block_size, slot_stride, kv_head * head_dim, head_dim,
+                     [&](int64_t j, const scalar_t* key) {
+          const float* kr = widen(key, row.data(), head_dim);
           for (int64_t g = 0; g < group; ++g)
             scores[g * num_keys + j] = dot(query.data() + g * head_dim, kr, head_dim);
-        }
+        });
         for (int64_t g = 0; g < group; ++g) {
           float* sc = scores.data() + g * num_keys;
           float top = sc[0];
@@ -165,21 +178,16 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
           inv_sum[g] = 1.f / sum;
         }
         std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t j = 0, slot = 0; j < num_keys; ++j, ++slot) {
-          if (j % block_size == 0) {
-            slot = table[j / block_size] * block_size;
-            if (j + block_size < num_keys)
-              prefetch_block(v_ptr + table[j / block_size + 1] * block_size * slot_stride + kv_head * head_dim,
-                             block_size, slot_stride, head_dim);
-          }
-          const float* vr = widen(v_ptr + slot * slot_stride + kv_head * head_dim, row.data(), head_dim);
+        walk_context(v_ptr, table, num_keys, block_size, slot_stride, kv_head * head_dim, head_dim,
+                     [&](int64_t j, const scalar_t* value) {
+          const float* vr = widen(value, row.data(), head_dim);
           for (int64_t g = 0; g < group; ++g) {
             const float p = scores[g * num_keys + j];
             float* a = acc.data() + g * head_dim;
 #pragma omp simd
             for (int64_t d = 0; d < head_dim; ++d) a[d] += p * vr[d];
           }
-        }
+        });
         for (int64_t g = 0; g < group; ++g) {
           scalar_t* dst = out_ptr + (token * num_heads + kv_head * group + g) * head_dim;
           for (int64_t d = 0; d < head_dim; ++d)
