@@ -42,8 +42,8 @@ class EngineConfig:
     compile: bool = _opt(
         False,
         "Run the decoder layers through torch.compile (inductor): fused elementwise ops, "
-        "about 1.6x faster at batch 1 on a CPU, after a compile of about a minute at the "
-        "first start (cached on disk for later starts).",
+        "1.2-1.5x faster on this CPU, after a compile of one to two minutes at the first "
+        "start (cached on disk: later starts take 15-20 s).",
     )
     kv_cache_memory: str = _opt(
         "0.1",
