@@ -45,6 +45,7 @@ class CompiledForward:
         # `_forward`'s code object.
         code = _forward.__code__.replace(co_name=f"amity_forward_{next(_model_keys)}")
         self._forward = forward
+        self._marked_caches = None
         self._compiled = torch.compile(
             types.FunctionType(code, _forward.__globals__), dynamic=False, fullgraph=True,
             options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
@@ -55,9 +56,11 @@ class CompiledForward:
         # restart whose free memory, and so whose cache size, differs.
         for tensor in (inputs_embeds, positions, meta.slot_mapping):
             maybe_mark_dynamic(tensor, 0)
-        for k_cache, v_cache in kv_caches:
-            maybe_mark_dynamic(k_cache, 0)
-            maybe_mark_dynamic(v_cache, 0)
+        if kv_caches is not self._marked_caches:  # the mark stays on the tensors: once
+            for k_cache, v_cache in kv_caches:
+                maybe_mark_dynamic(k_cache, 0)
+                maybe_mark_dynamic(v_cache, 0)
+            self._marked_caches = kv_caches
         for tensor in (meta.query_start, meta.context_lens, meta.block_tables):
             mark_unbacked(tensor, 0)
         mark_unbacked(meta.block_tables, 1)
