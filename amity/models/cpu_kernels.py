@@ -20,7 +20,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_attention.cpp", "int8_linear.cpp")]
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_attention.cpp", "packed_linear.cpp")]
 
 
 def _cpu_digest() -> str:
@@ -52,6 +52,6 @@ def load_cpu_kernels() -> None:
     def _(q, k, v, k_cache, v_cache, slot_mapping, query_start, context_lens, block_tables, scale):
         return torch.empty_like(q, memory_format=torch.contiguous_format)
 
-    @torch.library.register_fake("amity::int8_linear")
-    def _(x, weight, scale, bias):
-        return x.new_empty(x.shape[0], weight.shape[0])
+    @torch.library.register_fake("amity::packed_linear")
+    def _(x, weight_packed, scale, bias):
+        return x.new_empty(x.shape[0], weight_packed.shape[0] * weight_packed.shape[2])

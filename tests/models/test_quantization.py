@@ -12,7 +12,7 @@ from amity.engine.llm_engine import LLMEngine
 from amity.engine.sampling_params import SamplingParams
 from amity.models.loader import load_model
 from amity.models.cpu_kernels import load_cpu_kernels
-from amity.models.quantization import Int4Linear, Int8Linear, Int8WeightLinear, quantize_model
+from amity.models.quantization import Int4Linear, Int8Linear, PackedLinear, quantize_model
 from tests.models.test_parity import engine_logits
 
 
@@ -45,30 +45,48 @@ def test_int8_is_int8_weights_times_per_token_int8_activations():
     assert (got - linear(x)).abs().max() < 0.05 * linear(x).abs().max()
 
 
+# 1-12 tokens take the direct tiles (1-4 panels at once), 13+ the blocked ones
+# (12-token tiles over widened blocks of 128 k, and a tail); 51 rows pad to two
+# panels, and 300 inputs make a blocked tail of 44.
+PACKED_TOKENS = (1, 2, 3, 5, 7, 12, 13, 30)
+
+
+@pytest.mark.parametrize("weights", ["int8", "float32", "bfloat16"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_int8_weight_is_int8_weights_times_float_activations(dtype):
+def test_packed_linear_is_its_definition_and_batch_invariant(weights, dtype):
     load_cpu_kernels()
     torch.manual_seed(0)
-    # 51 rows: the kernel's row tiles (4 for one token, 2 for more) leave rows over.
-    weight = torch.randn(51, 96) * 0.05
-    linear = _linear(51, 96, weight)
-    layer = Int8WeightLinear(linear)
-    w_scale = weight.abs().amax(1) / 127
-    w_q = torch.round(weight / w_scale[:, None])
-    assert torch.equal(layer.weight.double(), w_q.double()) and layer.weight.dtype == torch.int8
-    # 1 token, a full 4-token tile, and 4 + 3 left over.
-    for num_tokens in (1, 4, 7):
-        x = torch.randn(num_tokens, 96).to(dtype)
-        expected = (x.double() @ w_q.double().t()) * w_scale.double() + linear.bias.double()
+    out_features, in_features = 51, 300
+    weight = torch.randn(out_features, in_features) * 0.05
+    if weights == "int8":
+        linear = _linear(out_features, in_features, weight)
+        layer = PackedLinear(linear, int8=True)
+        w_scale = weight.abs().amax(1) / 127
+        w_q = torch.round(weight / w_scale[:, None])
+        effective = w_q.double() * w_scale.double()[:, None]
+        assert layer.weight_packed.dtype == torch.int8
+        assert torch.equal(layer.weight_packed.transpose(1, 2).reshape(-1, in_features)[:out_features].double(),
+                           w_q.double())
+    else:
+        linear = _linear(out_features, in_features, weight).to(getattr(torch, weights))
+        layer = PackedLinear(linear, int8=False)
+        effective = linear.weight.double()
+        assert layer.weight_packed.dtype == getattr(torch, weights) and layer.weight_scale is None
+    bias = linear.bias.double()
+    for num_tokens in PACKED_TOKENS:
+        x = torch.randn(num_tokens, in_features).to(dtype)
+        expected = x.double() @ effective.t() + bias
         got = layer(x)
-        assert got.dtype == dtype and got.shape == (num_tokens, 51)
+        assert got.dtype == dtype and got.shape == (num_tokens, out_features)
         tol = 1e-5 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(got.double(), expected, rtol=tol, atol=tol)
         # A token's numbers do not depend on its batch: alone, bit for bit the same.
         for i in range(num_tokens):
-            assert torch.equal(layer(x[i:i + 1]), got[i:i + 1])
-    with pytest.raises(ValueError, match="divisible by 16"):
-        Int8WeightLinear(_linear(8, 40, torch.randn(8, 40)))
+            assert torch.equal(layer(x[i:i + 1]), got[i:i + 1]), (num_tokens, i)
+    # Without a bias.
+    layer = PackedLinear(_linear(64, 32, torch.randn(64, 32), bias=False), int8=weights == "int8")
+    x = torch.randn(40, 32)
+    assert torch.equal(layer(x)[17:18], layer(x[17:18]))
 
 
 def test_int4_reproduces_weights_on_a_q4_1_grid_exactly():
@@ -100,17 +118,25 @@ def test_quantize_model_replaces_every_linear_but_keeps_the_tied_embedding(tiny_
     loaded = load_model(tiny_model_factory("smollm2"), torch.float32, torch.device("cpu"))
     embedding = loaded.model.model.embed_tokens.weight.detach().clone()
     assert loaded.model.lm_head.weight is loaded.model.model.embed_tokens.weight  # tied
+    unquantized = copy.deepcopy(loaded.model)
     quantize_model(loaded.model, "int8", torch.device("cpu"))
     assert not any(isinstance(m, nn.Linear) for m in loaded.model.modules())
     assert isinstance(loaded.model.lm_head, Int8Linear)
     assert torch.equal(loaded.model.model.embed_tokens.weight, embedding)
+    assert quantize_model(loaded.model, "int8", torch.device("cpu")) is loaded.model  # again: as it is
+    with pytest.raises(ValueError, match="already 'int8'"):
+        quantize_model(loaded.model, "int8-weight", torch.device("cpu"))
+    # `none` on the CPU is the packed float kernel, and on a GPU the nn.Linears as loaded.
+    assert quantize_model(copy.deepcopy(unquantized), "none", torch.device("cuda")).lm_head.__class__ is nn.Linear
+    quantize_model(unquantized, "none", torch.device("cpu"))
+    assert isinstance(unquantized.lm_head, PackedLinear) and unquantized.lm_head.weight_scale is None
     with pytest.raises(ValueError, match="CPU kernels"):
         quantize_model(loaded.model, "int4", torch.device("cuda"))
     with pytest.raises(ValueError, match="not one of"):
         quantize_model(loaded.model, "fp8", torch.device("cpu"))
 
 
-@pytest.mark.parametrize("scheme", ["int8", "int8-weight", "int4"])
+@pytest.mark.parametrize("scheme", ["none", "int8", "int8-weight", "int4"])
 def test_quantized_engine_batches_like_it_runs_alone(tiny_model_factory, scheme):
     path = tiny_model_factory("llama")
     engine = LLMEngine(EngineConfig(model=str(path), dtype="float32", kv_cache_memory="16MiB",
@@ -142,7 +168,7 @@ def test_quantized_default_model_stays_close_to_float32(default_model, scheme):
             "territory in Europe, North Africa, and Western Asia, and was ruled by emperors.")
     ids = default_model.tokenizer.encode(text)
     config = EngineConfig(dtype="float32", kv_cache_memory="64MiB")
-    reference = engine_logits(LLMEngine(config, default_model), ids).log_softmax(-1)
+    reference = engine_logits(LLMEngine(config, copy.deepcopy(default_model)), ids).log_softmax(-1)
     quantized = copy.deepcopy(default_model)
     engine = LLMEngine(EngineConfig(dtype="float32", kv_cache_memory="64MiB",
                                     quantization=scheme), quantized)
@@ -150,3 +176,13 @@ def test_quantized_default_model_stays_close_to_float32(default_model, scheme):
     kl = (reference.exp() * (reference - logprobs)).sum(-1).mean().item()
     top1 = (reference.argmax(-1) == logprobs.argmax(-1)).float().mean().item()
     assert kl < 0.12 and top1 > 0.75, (kl, top1)
+
+
+@pytest.mark.parametrize("scheme", ["none", "int8", "int8-weight", "int4"])
+def test_every_layer_takes_a_batch_of_no_rows(scheme):
+    # A step whose only sequence is mid-prefill samples nothing: its LM head gets 0 rows.
+    load_cpu_kernels()
+    model = nn.Sequential(nn.Linear(64, 48))
+    layer = quantize_model(model, scheme, torch.device("cpu"))[0]
+    assert layer(torch.randn(0, 64)).shape == (0, 48)
+    assert layer(torch.randn(2, 0, 64)).shape == (2, 0, 48)
