@@ -17,12 +17,18 @@ from amity.models.cpu_kernels import load_cpu_kernels
 BLOCK_SIZE = 4
 NUM_BLOCKS = 64
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 6, 2, 16
+# (query heads, kv heads, head_dim): the kernel's vectorized path holds head_dim /
+# 16 vectors per head and as many heads at a time as 16 registers allow (64: 4
+# of the 6 heads, then 2); a head_dim of 24 takes its plain loops.
+HEAD_SHAPES = [(6, 2, 16), (6, 1, 64), (4, 2, 24)]
 
-# (cached tokens before the step, new tokens this step)
-STEP = [(9, 1), (0, 1), (3, 1), (5, 7), (0, 20), (11, 18), (2, 16), (0, 3)]
+# (cached tokens before the step, new tokens this step); the in-place path scores
+# keys 16 at a time, and 41 or 35 keys end in partial groups of 16.
+STEP = [(9, 1), (0, 1), (3, 1), (5, 7), (0, 20), (11, 18), (2, 16), (0, 3), (40, 1), (33, 2)]
 
 
-def _build_step(dtype):
+def _build_step(dtype, heads=(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM)):
+    num_heads, num_kv_heads, head_dim = heads
     gen = torch.Generator().manual_seed(0)
     free = torch.randperm(NUM_BLOCKS, generator=gen).tolist()
     tables, slots, query_start, context_lens = [], [], [0], []
@@ -40,22 +46,23 @@ def _build_step(dtype):
         context_lens=torch.tensor(context_lens),
         block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables]))
     num_tokens = query_start[-1]
-    shape = (NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    shape = (NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, head_dim)
     # Cached K/V: random everywhere, so whatever a wrong slot reads is wrong.
     k_cache = torch.randn(shape, generator=gen).to(dtype)
     v_cache = torch.randn(shape, generator=gen).to(dtype)
-    q = torch.randn(num_tokens, NUM_HEADS, HEAD_DIM, generator=gen).to(dtype)
-    k = torch.randn(num_tokens, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
-    v = torch.randn(num_tokens, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
+    q = torch.randn(num_tokens, num_heads, head_dim, generator=gen).to(dtype)
+    k = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
+    v = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
     return q, k, v, k_cache, v_cache, meta, tables
 
 
 def _dense(q, k, v, k_cache, v_cache, tables, scale):
     """The definition, written out in float64 on the cache as it is after the step's writes."""
     out = torch.empty(q.shape, dtype=torch.float64)
-    group = NUM_HEADS // NUM_KV_HEADS
-    flat_k = k_cache.double().reshape(-1, NUM_KV_HEADS, HEAD_DIM)
-    flat_v = v_cache.double().reshape(-1, NUM_KV_HEADS, HEAD_DIM)
+    num_heads, num_kv_heads, head_dim = q.shape[1], *k_cache.shape[2:]
+    group = num_heads // num_kv_heads
+    flat_k = k_cache.double().reshape(-1, num_kv_heads, head_dim)
+    flat_v = v_cache.double().reshape(-1, num_kv_heads, head_dim)
     token = 0
     for (cached, new), table in zip(STEP, tables):
         total = cached + new
@@ -63,19 +70,21 @@ def _dense(q, k, v, k_cache, v_cache, tables, scale):
         keys, values = flat_k[slots], flat_v[slots]  # [total, Hkv, D]
         for i in range(new):
             visible = cached + i + 1
-            for h in range(NUM_HEADS):
+            for h in range(num_heads):
                 scores = keys[:visible, h // group] @ q[token, h].double() * scale
                 out[token, h] = torch.softmax(scores, 0) @ values[:visible, h // group]
             token += 1
     return out
 
 
+@pytest.mark.parametrize("heads", HEAD_SHAPES)
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("impl", ["kernel", "reference"])
-def test_paged_attention_matches_definition(impl, dtype, atol):
+def test_paged_attention_matches_definition(impl, dtype, atol, heads):
     load_cpu_kernels()
-    q, k, v, k_cache, v_cache, meta, tables = _build_step(dtype)
-    scale = HEAD_DIM ** -0.5
+    q, k, v, k_cache, v_cache, meta, tables = _build_step(dtype, heads)
+    _, num_kv_heads, head_dim = heads
+    scale = head_dim ** -0.5
     if impl == "kernel":
         out = torch.ops.amity.paged_attention(q, k, v, k_cache, v_cache, meta.slot_mapping,
                                               meta.query_start, meta.context_lens,
@@ -83,8 +92,8 @@ def test_paged_attention_matches_definition(impl, dtype, atol):
     else:
         out = reference_paged_attention(q, k, v, k_cache, v_cache, meta, scale)
     # The step's new K/V went to their slots.
-    assert torch.equal(k_cache.reshape(-1, NUM_KV_HEADS, HEAD_DIM)[meta.slot_mapping], k)
-    assert torch.equal(v_cache.reshape(-1, NUM_KV_HEADS, HEAD_DIM)[meta.slot_mapping], v)
+    assert torch.equal(k_cache.reshape(-1, num_kv_heads, head_dim)[meta.slot_mapping], k)
+    assert torch.equal(v_cache.reshape(-1, num_kv_heads, head_dim)[meta.slot_mapping], v)
     expected = _dense(q, k, v, k_cache, v_cache, tables, scale)
     assert out.dtype == dtype and out.shape == q.shape
     torch.testing.assert_close(out.double(), expected, atol=atol, rtol=0)

@@ -117,6 +117,137 @@ inline float exp_nonpositive(float x) {
   return p * scale;
 }
 
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+// The in-place path for head_dim = 16 * NV, NV <= 16, in AVX-512 registers.
+//
+// Scores: each key row is multiplied into lane-wise partial sums, and 16 keys'
+// partials are folded into one vector of 16 scores at once (`fold16`), where a
+// horizontal sum per key costs several times more. Softmax: the exp below, 16
+// keys at a time. Values: each query head's output stays in registers across
+// the keys. Every key of every query goes through the same code, in blocks of 16
+// fixed by its position in the sequence, so a query's result does not depend on
+// the rest of its batch.
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {
+  const __m512i halves = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(halves, 16));
+}
+inline __m512 load16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// out[j] = sum of the 16 lanes of v[j], for j = 0..15: pairs of 128-bit lanes,
+// then of 64-bit halves, then of floats are added across vectors, which leaves
+// key 4m + k in lane 4k + m; one permute puts them in order.
+inline __m512 fold16(const __m512* v) {
+  __m512 u[8], w[4], x[2];
+  for (int p = 0; p < 8; ++p)
+    u[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int r = 0; r < 4; ++r)
+    w[r] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * r], u[2 * r + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(u[2 * r], u[2 * r + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int t = 0; t < 2; ++t)
+    x[t] = _mm512_add_ps(_mm512_unpacklo_ps(w[2 * t], w[2 * t + 1]), _mm512_unpackhi_ps(w[2 * t], w[2 * t + 1]));
+  const __m512 y = _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(x[0], x[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), y);
+}
+
+// exp_nonpositive, 16 lanes at a time (the scaling by 2^n is one scalef).
+inline __m512 exp16_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+constexpr int kMaxVectorHeadDim = 256;
+
+// One query token against its kv head's num_keys keys, for its `group` query
+// heads: query [group][16 * NV] (scaled), scores [group][num_keys rounded up to
+// 16] scratch; writes out_rows[g][d] for the group's heads.
+template <typename scalar_t, int NV>
+void attend_query_vectorized(const float* query, int64_t group, const scalar_t* k_cache,
+                             const scalar_t* v_cache, const int64_t* table, int64_t num_keys,
+                             int64_t block_size, int64_t slot_stride, int64_t head_offset,
+                             float* scores, float* inv_sum, scalar_t* out, int64_t out_head_stride) {
+  constexpr int D = 16 * NV;
+  const int64_t padded = (num_keys + 15) / 16 * 16;
+  auto row_of = [&](int64_t j) { return (table[j / block_size] * block_size + j % block_size) * slot_stride + head_offset; };
+  int64_t rows[16];
+  for (int64_t j0 = 0; j0 < num_keys; j0 += 16) {
+    const int64_t count = std::min<int64_t>(16, num_keys - j0);
+    for (int64_t jj = 0; jj < 16; ++jj) rows[jj] = jj < count ? row_of(j0 + jj) : rows[0];
+    for (int64_t j = j0 + 16; j < std::min<int64_t>(j0 + 32, num_keys); ++j)
+      _mm_prefetch(reinterpret_cast<const char*>(k_cache + row_of(j)), _MM_HINT_T0);
+    for (int64_t g = 0; g < group; ++g) {
+      __m512 q[NV], partial[16];
+      for (int v = 0; v < NV; ++v) q[v] = _mm512_loadu_ps(query + g * D + 16 * v);
+      for (int jj = 0; jj < 16; ++jj) {
+        const scalar_t* key = k_cache + rows[jj];
+        __m512 acc = _mm512_mul_ps(q[0], load16(key));
+        for (int v = 1; v < NV; ++v) acc = _mm512_fmadd_ps(q[v], load16(key + 16 * v), acc);
+        partial[jj] = acc;
+      }
+      _mm512_storeu_ps(scores + g * padded + j0, fold16(partial));
+    }
+  }
+  const __mmask16 tail = static_cast<__mmask16>((1u << (num_keys - (padded - 16))) - 1);
+  for (int64_t g = 0; g < group; ++g) {
+    float* sc = scores + g * padded;
+    __m512 top = _mm512_set1_ps(-INFINITY);
+    for (int64_t j0 = 0; j0 < padded; j0 += 16)
+      top = _mm512_max_ps(top, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), j0 + 16 < padded ? 0xFFFF : tail, sc + j0));
+    const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j0 = 0; j0 < padded; j0 += 16) {
+      const __m512 e = _mm512_maskz_mov_ps(j0 + 16 < padded ? 0xFFFF : tail,
+                                           exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(sc + j0), max)));
+      _mm512_storeu_ps(sc + j0, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    inv_sum[g] = 1.f / _mm512_reduce_add_ps(sum);
+  }
+  // Values: as many query heads at a time as 16 accumulator registers hold.
+  constexpr int GC = NV >= 16 ? 1 : 16 / NV;
+  for (int64_t g0 = 0; g0 < group; g0 += GC) {
+    const int64_t gn = std::min<int64_t>(GC, group - g0);
+    __m512 acc[GC][NV];
+    for (int g = 0; g < GC; ++g)
+      for (int v = 0; v < NV; ++v) acc[g][v] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < num_keys; ++j) {
+      const scalar_t* value = v_cache + row_of(j);
+      __m512 vr[NV];
+      for (int v = 0; v < NV; ++v) vr[v] = load16(value + 16 * v);
+      for (int g = 0; g < GC; ++g)
+        if (g < gn) {
+          const __m512 p = _mm512_set1_ps(scores[(g0 + g) * padded + j]);
+          for (int v = 0; v < NV; ++v) acc[g][v] = _mm512_fmadd_ps(p, vr[v], acc[g][v]);
+        }
+    }
+    for (int g = 0; g < GC; ++g)
+      if (g < gn) {
+        const float inv = inv_sum[g0 + g];
+        alignas(64) float row[D];
+        for (int v = 0; v < NV; ++v) _mm512_storeu_ps(row + 16 * v, _mm512_mul_ps(acc[g][v], _mm512_set1_ps(inv)));
+        scalar_t* dst = out + (g0 + g) * out_head_stride;
+        for (int d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(row[d]);
+      }
+  }
+}
+#endif
+
 template <typename scalar_t>
 void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const int64_t* query_start, const int64_t* context_lens,
@@ -159,6 +290,20 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
 #pragma omp simd
           for (int64_t d = 0; d < head_dim; ++d) qg[d] = src[d] * scale_f;
         }
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+        if (head_dim % 16 == 0 && head_dim <= kMaxVectorHeadDim) {
+          scores.resize(group * ((num_keys + 15) / 16 * 16));
+          scalar_t* out_rows = out_ptr + (token * num_heads + kv_head * group) * head_dim;
+          switch (head_dim / 16) {
+#define AMITY_NV(NV) case NV: attend_query_vectorized<scalar_t, NV>(query.data(), group, k_ptr, v_ptr, table, \
+              num_keys, block_size, slot_stride, kv_head * head_dim, scores.data(), inv_sum.data(), out_rows, head_dim); break;
+            AMITY_NV(1) AMITY_NV(2) AMITY_NV(3) AMITY_NV(4) AMITY_NV(5) AMITY_NV(6) AMITY_NV(7) AMITY_NV(8)
+            AMITY_NV(9) AMITY_NV(10) AMITY_NV(11) AMITY_NV(12) AMITY_NV(13) AMITY_NV(14) AMITY_NV(15) AMITY_NV(16)
+#undef AMITY_NV
+          }
+          continue;
+        }
+#endif
         walk_context(k_ptr, table, num_keys, block_size, slot_stride, kv_head * head_dim, head_dim,
                      [&](int64_t j, const scalar_t* key) {
           const float* kr = widen(key, row.data(), head_dim);
