@@ -18,7 +18,6 @@
 //   is compute-bound: two vector loads and twelve broadcasts feed 24 fmas.
 
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
@@ -236,12 +235,20 @@ void blocked_panels(const Problem& pb, const W* weight, int64_t begin, int64_t e
   }
 }
 
+// Tasks of a few panels, handed out one at a time (dynamic): when the scheduler
+// takes a core from one thread for the server's event loop, the other thread
+// takes up its panels instead of the whole step waiting for it at the end. Which
+// thread computes a panel does not change its numbers.
 template <typename W>
 void run(const Problem& pb, const W* weight) {
   const int64_t num_panels = pb.N / NR;
-  // Enough panels per thread that waking the pool pays: about 64 KiB of weights.
-  const int64_t grain = std::max<int64_t>(1, (64 << 10) / std::max<int64_t>(pb.K * NR * sizeof(W), 1));
-  at::parallel_for(0, num_panels, grain, [&](int64_t begin, int64_t end) {
+  const int64_t panels_per_task = pb.T <= MR ? 4 : 1;  // one direct tile of up to 4 panels, or a blocked panel
+  const int64_t num_tasks = (num_panels + panels_per_task - 1) / panels_per_task;
+  // Waking the second thread pays past about 64 KiB of weights each.
+  const bool parallel = num_panels * pb.K * NR * static_cast<int64_t>(sizeof(W)) >= (128 << 10);
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+  for (int64_t task = 0; task < num_tasks; ++task) {
+    const int64_t begin = task * panels_per_task, end = std::min(begin + panels_per_task, num_panels);
     switch (pb.T) {
 #define AMITY_DIRECT(M) case M: direct_panels<W, M>(pb, weight, begin, end); break;
       AMITY_DIRECT(1) AMITY_DIRECT(2) AMITY_DIRECT(3) AMITY_DIRECT(4) AMITY_DIRECT(5) AMITY_DIRECT(6)
@@ -249,7 +256,7 @@ void run(const Problem& pb, const W* weight) {
 #undef AMITY_DIRECT
       default: blocked_panels<W>(pb, weight, begin, end);  // more than MR tokens
     }
-  });
+  }
 }
 
 }  // namespace

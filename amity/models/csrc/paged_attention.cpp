@@ -9,7 +9,6 @@
 // this kernel's per-query loops there.
 
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -270,11 +269,15 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   // one thread rather than wake the pool for microseconds of work.
   int64_t num_key_rows = 0;
   for (int64_t s : seqs) num_key_rows += context_lens[s] * (query_start[s + 1] - query_start[s]);
-  const int64_t grain = num_key_rows * num_kv_heads < 1024 ? num_items : 1;
-  at::parallel_for(0, num_items, grain, [&](int64_t begin, int64_t end) {
+  // Items are handed out one at a time (dynamic): contexts differ in length, and a
+  // thread that loses its core to the server's event loop leaves its items to the other.
+  const bool parallel = num_key_rows * num_kv_heads >= 1024;
+#pragma omp parallel if (parallel)
+  {
     std::vector<float> query(group * head_dim), acc(group * head_dim), row(head_dim), scores;
     std::vector<float> inv_sum(group);
-    for (int64_t item = begin; item < end; ++item) {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < num_items; ++item) {
       const int64_t s = seqs[item / num_kv_heads], kv_head = item % num_kv_heads;
       const int64_t start = query_start[s], q_len = query_start[s + 1] - start;
       const int64_t ctx_len = context_lens[s];
@@ -340,7 +343,7 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
         }
       }
     }
-  });
+  }
 }
 
 void attend_gathered(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
