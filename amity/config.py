@@ -33,11 +33,11 @@ class EngineConfig:
     device: str = _opt("auto", "cpu, cuda, or auto (cuda when available).")
     quantization: str = _opt(
         "none",
-        "Linear layers as loaded (none), int8 weights and per-token int8 activations (int8, "
-        "for batches), int8 weights with float activations (int8-weight, for a single "
-        "stream and small batches), or int4 weights in groups of 32 with bfloat16 "
-        "activations (int4). CPU only; the accuracy cost of each is measured in "
-        "benchmarks/README.md.",
+        "Linear layers as loaded (none; on a CPU through our packed kernel), int8 weights and "
+        "per-token int8 activations (int8, for batches), int8 weights with float activations "
+        "(int8-weight, for one to a few streams), or int4 weights in groups of 32 with "
+        "bfloat16 activations (int4). The quantized ones are CPU only; the accuracy cost of "
+        "each is measured in benchmarks/README.md.",
         choices=("none", "int8", "int8-weight", "int4"),
     )
     compile: bool = _opt(

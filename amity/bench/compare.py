@@ -98,7 +98,10 @@ def plan(args, workload: serve.Workload) -> list[System]:
             systems.append(local("vllm", [
                 python, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
                 "--model", args.vllm_model or gguf, "--dtype", "bfloat16",
-                "--max-model-len", str(context), "--max-num-seqs", str(max(slots, 1))],
+                "--max-model-len", str(context), "--max-num-seqs", str(max(slots, 1)),
+                # On the CPU this fraction of the NUMA node's memory is what vLLM reserves
+                # (0.92 by default), and it refuses to start when less than that is free.
+                "--gpu-memory-utilization", "0.5"],
                 env={"VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}"}, startup_s=600.0))
         else:
             systems.append(System("vllm", skipped="skipped (not installed)"))
