@@ -261,6 +261,17 @@ void run(const Problem& pb, const W* weight) {
 
 }  // namespace
 
+namespace amity {
+// t as a contiguous tensor of dtype, t itself when it already is one: a no-op `to`
+// still costs a dispatcher call, and a decode step makes a few per op and layer.
+// (Also used by paged_attention.cpp.)
+at::Tensor contiguous_as(const at::Tensor& t, at::ScalarType dtype) {
+  return t.scalar_type() == dtype && t.is_contiguous() ? t : t.to(dtype).contiguous();
+}
+}  // namespace amity
+
+using amity::contiguous_as;
+
 // x [T, K] float32 or bfloat16; weight [N / 32, K, 32] int8, bfloat16 or float32;
 // scale [N] float32 (int8 weights only); bias [N] or undefined. Returns [T, N] in
 // x's dtype.
@@ -274,9 +285,9 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& weight, const st
   TORCH_CHECK(wtype == at::kChar || wtype == at::kBFloat16 || wtype == at::kFloat,
               "amity::packed_linear: weight is int8, bfloat16 or float32");
   TORCH_CHECK((wtype == at::kChar) == scale.has_value(), "amity::packed_linear: int8 weights need a scale, and only they");
-  const at::Tensor x32 = x.to(at::kFloat).contiguous();
-  const at::Tensor scale32 = scale.has_value() ? scale->to(at::kFloat).contiguous() : at::Tensor();
-  const at::Tensor bias32 = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
+  const at::Tensor x32 = contiguous_as(x, at::kFloat);
+  const at::Tensor scale32 = scale.has_value() ? contiguous_as(*scale, at::kFloat) : at::Tensor();
+  const at::Tensor bias32 = bias.has_value() ? contiguous_as(*bias, at::kFloat) : at::Tensor();
   const int64_t T = x.size(0), K = x.size(1), N = weight.size(0) * NR;
   at::Tensor out = at::empty({T, N}, x32.options());
   const Problem pb{x32.data_ptr<float>(), scale32.defined() ? scale32.data_ptr<float>() : nullptr,
@@ -286,7 +297,7 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& weight, const st
     else if (wtype == at::kBFloat16) run(pb, weight.data_ptr<c10::BFloat16>());
     else run(pb, weight.data_ptr<float>());
   }
-  return out.to(x.scalar_type());
+  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
 TORCH_LIBRARY_FRAGMENT(amity, m) {

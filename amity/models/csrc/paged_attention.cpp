@@ -19,6 +19,11 @@
 #include <cstring>
 #include <vector>
 
+namespace amity {
+at::Tensor contiguous_as(const at::Tensor& t, at::ScalarType dtype);  // packed_linear.cpp
+}  // namespace amity
+using amity::contiguous_as;
+
 namespace {
 
 // A chunk longer than this runs through SDPA on a gathered context.
@@ -385,7 +390,7 @@ void write_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k_in,
   TORCH_CHECK(k_in.scalar_type() == k_cache.scalar_type() && v_in.scalar_type() == v_cache.scalar_type(),
               "new K/V and the cache disagree on dtype");
   const at::Tensor k = k_in.contiguous(), v = v_in.contiguous();
-  const at::Tensor slots = slot_mapping_in.to(at::kLong).contiguous();
+  const at::Tensor slots = contiguous_as(slot_mapping_in, at::kLong);
   const int64_t row_bytes = k_cache.size(2) * k_cache.size(3) * k_cache.element_size();
   const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
   const int64_t* slot = slots.data_ptr<int64_t>();
@@ -415,9 +420,9 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k, const at
   write_kv(k_cache, v_cache, k, v, slot_mapping);
 
   at::Tensor q = q_in.contiguous();
-  at::Tensor query_start = query_start_in.to(at::kLong).contiguous();
-  at::Tensor context_lens = context_lens_in.to(at::kLong).contiguous();
-  at::Tensor block_tables = block_tables_in.to(at::kLong).contiguous();
+  at::Tensor query_start = contiguous_as(query_start_in, at::kLong);
+  at::Tensor context_lens = contiguous_as(context_lens_in, at::kLong);
+  at::Tensor block_tables = contiguous_as(block_tables_in, at::kLong);
   at::Tensor out = at::empty_like(q);
   const int64_t* starts = query_start.data_ptr<int64_t>();
   const int64_t* ctx = context_lens.data_ptr<int64_t>();
