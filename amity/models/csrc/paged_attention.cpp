@@ -188,25 +188,27 @@ void attend_query_vectorized(const float* query, int64_t group, const scalar_t* 
                              float* scores, float* inv_sum, scalar_t* out, int64_t out_head_stride) {
   constexpr int D = 16 * NV;
   const int64_t padded = (num_keys + 15) / 16 * 16;
-  auto row_of = [&](int64_t j) { return (table[j / block_size] * block_size + j % block_size) * slot_stride + head_offset; };
-  int64_t rows[16];
-  for (int64_t j0 = 0; j0 < num_keys; j0 += 16) {
-    const int64_t count = std::min<int64_t>(16, num_keys - j0);
-    for (int64_t jj = 0; jj < 16; ++jj) rows[jj] = jj < count ? row_of(j0 + jj) : rows[0];
-    for (int64_t j = j0 + 16; j < std::min<int64_t>(j0 + 32, num_keys); ++j)
-      _mm_prefetch(reinterpret_cast<const char*>(k_cache + row_of(j)), _MM_HINT_T0);
+  // Keys are visited in order (walk_context, which prefetches each next block) and
+  // scored 16 at a time.
+  const scalar_t* keys[16];
+  auto score_keys = [&](int64_t j0, int64_t count) {
+    for (int64_t jj = count; jj < 16; ++jj) keys[jj] = keys[0];  // lanes past the end: ignored
     for (int64_t g = 0; g < group; ++g) {
       __m512 q[NV], partial[16];
       for (int v = 0; v < NV; ++v) q[v] = _mm512_loadu_ps(query + g * D + 16 * v);
       for (int jj = 0; jj < 16; ++jj) {
-        const scalar_t* key = k_cache + rows[jj];
-        __m512 acc = _mm512_mul_ps(q[0], load16(key));
-        for (int v = 1; v < NV; ++v) acc = _mm512_fmadd_ps(q[v], load16(key + 16 * v), acc);
+        __m512 acc = _mm512_mul_ps(q[0], load16(keys[jj]));
+        for (int v = 1; v < NV; ++v) acc = _mm512_fmadd_ps(q[v], load16(keys[jj] + 16 * v), acc);
         partial[jj] = acc;
       }
       _mm512_storeu_ps(scores + g * padded + j0, fold16(partial));
     }
-  }
+  };
+  walk_context(k_cache, table, num_keys, block_size, slot_stride, head_offset, D,
+               [&](int64_t j, const scalar_t* key) {
+    keys[j % 16] = key;
+    if (j % 16 == 15 || j + 1 == num_keys) score_keys(j - j % 16, j % 16 + 1);
+  });
   const __mmask16 tail = static_cast<__mmask16>((1u << (num_keys - (padded - 16))) - 1);
   for (int64_t g = 0; g < group; ++g) {
     float* sc = scores + g * padded;
@@ -230,8 +232,8 @@ void attend_query_vectorized(const float* query, int64_t group, const scalar_t* 
     __m512 acc[GC][NV];
     for (int g = 0; g < GC; ++g)
       for (int v = 0; v < NV; ++v) acc[g][v] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < num_keys; ++j) {
-      const scalar_t* value = v_cache + row_of(j);
+    walk_context(v_cache, table, num_keys, block_size, slot_stride, head_offset, D,
+                 [&](int64_t j, const scalar_t* value) {
       __m512 vr[NV];
       for (int v = 0; v < NV; ++v) vr[v] = load16(value + 16 * v);
       for (int g = 0; g < GC; ++g)
@@ -239,7 +241,7 @@ void attend_query_vectorized(const float* query, int64_t group, const scalar_t* 
           const __m512 p = _mm512_set1_ps(scores[(g0 + g) * padded + j]);
           for (int v = 0; v < NV; ++v) acc[g][v] = _mm512_fmadd_ps(p, vr[v], acc[g][v]);
         }
-    }
+    });
     for (int g = 0; g < GC; ++g)
       if (g < gn) {
         const float inv = inv_sum[g0 + g];
@@ -290,7 +292,6 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
       for (int64_t i = 0; i < q_len; ++i) {
         const int64_t num_keys = ctx_len - q_len + i + 1;
         const int64_t token = start + i;
-        scores.resize(group * num_keys);
         for (int64_t g = 0; g < group; ++g) {
           float* qg = query.data() + g * head_dim;
           const float* src = widen(q_ptr + (token * num_heads + kv_head * group + g) * head_dim,
@@ -312,6 +313,7 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
           continue;
         }
 #endif
+        scores.resize(group * num_keys);
         walk_context(k_ptr, table, num_keys, block_size, slot_stride, kv_head * head_dim, head_dim,
                      [&](int64_t j, const scalar_t* key) {
           const float* kr = widen(key, row.data(), head_dim);
