@@ -35,9 +35,10 @@ class EngineConfig:
         "none",
         "Linear layers as loaded (none; on a CPU through our packed kernel), int8 weights and "
         "per-token int8 activations (int8, for batches), int8 weights with float activations "
-        "(int8-weight, for one to a few streams), or int4 weights in groups of 32 with "
-        "bfloat16 activations (int4). The quantized ones are CPU only; the accuracy cost of "
-        "each is measured in benchmarks/README.md.",
+        "(int8-weight), or GGUF Q4_1 weights with int8 activations per block of 32, as "
+        "llama.cpp computes them (int4: the fastest, and on a Q4_1 file its own weights). "
+        "The quantized ones are CPU only; the accuracy cost of each is measured in "
+        "benchmarks/README.md.",
         choices=("none", "int8", "int8-weight", "int4"),
     )
     compile: bool = _opt(

@@ -20,7 +20,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_attention.cpp", "packed_linear.cpp")]
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_attention.cpp", "packed_linear.cpp",
+                                                                "q4_1_linear.cpp")]
 
 
 def _cpu_digest() -> str:
@@ -55,3 +56,7 @@ def load_cpu_kernels() -> None:
     @torch.library.register_fake("amity::packed_linear")
     def _(x, weight_packed, scale, bias):
         return x.new_empty(x.shape[0], weight_packed.shape[0] * weight_packed.shape[2])
+
+    @torch.library.register_fake("amity::q4_1_linear")
+    def _(x, weight_packed, bias):
+        return x.new_empty(x.shape[0], weight_packed.shape[0] * 32)  # panels of 32 outputs

@@ -22,11 +22,16 @@ kernels"):
 - `int8-weight`: the same int8 weights with float activations, in the same
   packed kernel, which widens them in registers. It suits a single stream and
   small batches, where a step is bound by reading the weights: it reads a quarter
-  of float32's bytes, and it is the most accurate of the three quantized schemes.
-- `int4`: weight-only int4 in groups of 32 along the input (a scale and an offset
-  per group, the layout of GGUF's Q4_1), multiplied by torch's int4 CPU kernel with
-  bfloat16 activations. It suits a single stream, where the step is bound by
-  reading the weights.
+  of float32's bytes.
+- `int4`: GGUF's Q4_1 (blocks of 32 inputs, 4-bit q with a float16 scale and
+  offset each) times int8 activations per block of 32, as llama.cpp's CPU backend
+  computes it (csrc/q4_1_linear.cpp, `Q4_1Linear`): the weights stream at 5 bits
+  each and VNNI does the block sums, so it is the fastest scheme from one stream
+  to 32. On a Q4_1 file (the default model) its blocks are the file's own, bit for
+  bit, and it is then the most accurate of the quantized schemes. The LM head is
+  kept at 8 bits (`int8-weight`), as Q4_1 files keep their output matrix. Exact
+  integer block sums and per-token scales keep a request's numbers independent of
+  its batch.
 
 All are CPU kernels; on a GPU the engine runs the `nn.Linear`s as loaded.
 """
@@ -35,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-INT4_GROUP_SIZE = 32
+Q4_1_BLOCK = 32  # inputs per Q4_1 block
 PANEL_ROWS = 32  # csrc/packed_linear.cpp's NR
 
 
@@ -103,48 +108,72 @@ class PackedLinear(nn.Module):
         return out.reshape(*shape[:-1], self.out_features)
 
 
-class Int4Linear(nn.Module):
-    def __init__(self, linear: nn.Linear, group_size: int = INT4_GROUP_SIZE):
+def q4_1_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GGUF's Q4_1 of a float [out, in] weight, as ggml's quantize_row_q4_1_ref makes
+    it: per 32 inputs, d = (max - min) / 15 and m = min (stored as float16), and
+    q = min(15, floor((w - min) / d + 0.5)) with the float32 d. Returns q (uint8,
+    [out, in]), d and m (float16, [out, in / 32]); the weight is q * d + m.
+
+    A weight dequantized from a Q4_1 file comes back as the file's own blocks (a
+    test checks the default model), so `int4` computes with exactly its weights.
+    """
+    out_features, in_features = weight.shape
+    if in_features % Q4_1_BLOCK:
+        raise ValueError(f"int4 needs in_features divisible by {Q4_1_BLOCK}, got {in_features}")
+    groups = weight.float().reshape(out_features, in_features // Q4_1_BLOCK, Q4_1_BLOCK)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    d = (high - low) / 15
+    inverse = torch.where(d != 0, 1 / d, torch.zeros_like(d))
+    q = torch.floor((groups - low[..., None]) * inverse[..., None] + 0.5).clamp(max=15)
+    return q.reshape(out_features, in_features).to(torch.uint8), d.half(), low.half()
+
+
+class Q4_1Linear(nn.Module):
+    """GGUF Q4_1 weights in the panels of csrc/q4_1_linear.cpp, [N / 32, K / 32, 640]
+    uint8, times int8 activations per block of 32 (that file says how and why).
+    Rows are padded with zeros to whole panels, and the padding cut off the output."""
+
+    def __init__(self, linear: nn.Linear):
         super().__init__()
-        weight = linear.weight.detach().float()
-        out_features, in_features = weight.shape
-        if in_features % group_size:
-            raise ValueError(f"int4 needs in_features divisible by {group_size}, got {in_features}")
-        groups = weight.reshape(out_features, in_features // group_size, group_size)
-        low, high = groups.amin(dim=-1), groups.amax(dim=-1)
-        scale = ((high - low) / 15).clamp(min=1e-12)
-        q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15)
-        q = q.reshape(out_features, in_features).to(torch.int32)
-        # The kernel dequantizes (q - 8) * scale + zero, per group: shift the offset.
-        zero = low + 8 * scale
-        self.register_buffer("weight_packed", torch._convert_weight_to_int4pack_for_cpu(q, 1))
-        self.register_buffer("scales_and_zeros",
-                             torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous())
-        self.group_size = group_size
-        self.bias = _float_bias(linear)
+        self.out_features, in_features = linear.weight.shape
+        pad = -self.out_features % PANEL_ROWS
+        q, d, m = q4_1_blocks(F.pad(linear.weight.detach().float(), (0, 0, 0, pad)))
+        num_panels, num_blocks = q.shape[0] // PANEL_ROWS, in_features // Q4_1_BLOCK
+        # [panel, block, quad, output, input in quad]; byte 4i + j of a quad holds
+        # output i in its low nibble and output i + 16 in its high one.
+        q = q.reshape(num_panels, PANEL_ROWS, num_blocks, Q4_1_BLOCK // 4, 4).permute(0, 2, 3, 1, 4)
+        quads = (q[:, :, :, :16] | (q[:, :, :, 16:] << 4)).reshape(num_panels, num_blocks, -1)
+
+        def per_block(scales: torch.Tensor) -> torch.Tensor:  # [out, block] float16 -> [panel, block, 64] bytes
+            return scales.reshape(num_panels, PANEL_ROWS, num_blocks).transpose(1, 2).contiguous().view(torch.uint8)
+
+        self.register_buffer("weight_packed", torch.cat([quads, per_block(d), per_block(m)], dim=-1).contiguous())
+        bias = _float_bias(linear)
+        self.bias = None if bias is None else nn.Parameter(F.pad(bias, (0, pad)), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape, dtype = x.shape, x.dtype
-        x = x.reshape(-1, shape[-1]).to(torch.bfloat16)
-        out = torch._weight_int4pack_mm_for_cpu(x, self.weight_packed, self.group_size,
-                                                self.scales_and_zeros).to(dtype)
-        if self.bias is not None:
-            out = out + self.bias.to(dtype)
-        return out.reshape(*shape[:-1], out.shape[-1])
+        shape = x.shape
+        out = torch.ops.amity.q4_1_linear(x.reshape(-1, shape[-1]), self.weight_packed, self.bias)
+        if out.shape[-1] != self.out_features:
+            out = out[:, :self.out_features]
+        return out.reshape(*shape[:-1], self.out_features)
 
 
 _LAYERS = {
     "none": lambda linear: PackedLinear(linear, int8=False),
     "int8": Int8Linear,
     "int8-weight": lambda linear: PackedLinear(linear, int8=True),
-    "int4": Int4Linear,
+    "int4": Q4_1Linear,
 }
+# Q4_1 files keep the output matrix at 8 bits (the default model's tied embedding is
+# Q8_0): 4-bit logits cost far more accuracy than 4-bit layers.
+_LM_HEAD_LAYERS = {"int4": _LAYERS["int8-weight"]}
 
 
 def quantize_model(model: nn.Module, scheme: str, device: torch.device) -> nn.Module:
-    """Replace every `nn.Linear` of `model` (the LM head included) by its CPU layer,
-    in place; the token embedding stays as loaded. On a GPU, `none` keeps the
-    `nn.Linear`s."""
+    """Replace every `nn.Linear` of `model` (the LM head included, in int8 for
+    `int4`) by its CPU layer, in place; the token embedding stays as loaded. On a
+    GPU, `none` keeps the `nn.Linear`s."""
     if scheme not in _LAYERS:
         raise ValueError(f"quantization {scheme!r} is not one of {list(_LAYERS)}")
     if device.type != "cpu":
@@ -159,9 +188,11 @@ def quantize_model(model: nn.Module, scheme: str, device: torch.device) -> nn.Mo
         if done != scheme:
             raise ValueError(f"this model's linear layers are already {done!r}; load it again for {scheme!r}")
         return model
+    lm_head = getattr(model, "lm_head", None)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(parent, name, _LAYERS[scheme](child))
+                layer = _LM_HEAD_LAYERS.get(scheme, _LAYERS[scheme]) if child is lm_head else _LAYERS[scheme]
+                setattr(parent, name, layer(child))
     model.amity_linear_scheme = scheme
     return model

@@ -12,7 +12,7 @@ from amity.engine.llm_engine import LLMEngine
 from amity.engine.sampling_params import SamplingParams
 from amity.models.loader import load_model
 from amity.models.cpu_kernels import load_cpu_kernels
-from amity.models.quantization import Int4Linear, Int8Linear, PackedLinear, quantize_model
+from amity.models.quantization import Int8Linear, PackedLinear, Q4_1Linear, q4_1_blocks, quantize_model
 from tests.models.test_parity import engine_logits
 
 
@@ -89,29 +89,77 @@ def test_packed_linear_is_its_definition_and_batch_invariant(weights, dtype):
     assert torch.equal(layer(x)[17:18], layer(x[17:18]))
 
 
-def test_int4_reproduces_weights_on_a_q4_1_grid_exactly():
+def _q4_1_definition(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """x [T, K] times Q4_1 weights (q [N, K], d and m [N, K / 32]), in float64, with
+    x quantized to int8 per token and block of 32 as llama.cpp's Q8_1: qx =
+    round(x / dx), dx = max|x| / 127, and the offsets times dx * sum(qx)."""
+    blocks = x.float().reshape(x.shape[0], -1, 32)
+    dx = blocks.abs().amax(-1) / 127
+    qx = torch.round(blocks * torch.where(dx != 0, 1 / dx, torch.zeros_like(dx))[..., None])
+    int_sums = torch.einsum("tbk,nbk->tnb", qx.double(), q.double().reshape(q.shape[0], -1, 32))
+    offsets = (dx * qx.sum(-1)).double()
+    return ((int_sums * d.double()[None] * dx.double()[:, None]).sum(-1)
+            + (m.double()[None] * offsets[:, None]).sum(-1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_q4_1_linear_is_its_definition_and_batch_invariant(dtype):
+    load_cpu_kernels()
     torch.manual_seed(0)
-    out_features, in_features, group = 16, 64, 32
-    # Weights already on a Q4_1 grid (w = d * q + m, q covering 0..15 in every group),
-    # with d, m and m + 8d exact in bfloat16: int4 must then lose nothing but the
-    # bfloat16 rounding of the activations.
-    q = torch.randint(0, 16, (out_features, in_features // group, group))
-    q[..., 0], q[..., 1] = 0, 15
-    d = 2.0 ** torch.randint(-8, -5, (out_features, in_features // group, 1)).float()
-    m = -8 * d + d * torch.randint(-4, 4, d.shape)
-    weight = (d * q + m).reshape(out_features, in_features)
-    linear = _linear(out_features, in_features, weight, bias=False)
-    layer = Int4Linear(linear)
-    x = torch.randn(3, in_features).bfloat16().float()
-    torch.testing.assert_close(layer(x), x @ weight.t(), rtol=2e-2, atol=2e-3)
-    # And the layer's own dequantized weights are that grid.
-    eye = torch.eye(in_features)
-    torch.testing.assert_close(layer(eye).t(), weight, rtol=1e-2, atol=1e-3)
+    out_features, in_features = 51, 320  # two panels, the second padded; ten blocks
+    linear = _linear(out_features, in_features, torch.randn(out_features, in_features) * 0.05)
+    layer = Q4_1Linear(linear)
+    q, d, m = q4_1_blocks(linear.weight.detach())
+    assert layer.weight_packed.shape == (2, 10, 640) and q.max() == 15 and q.min() == 0
+    dequantized = (q.reshape(out_features, -1, 32) * d.float()[..., None] + m.float()[..., None]).reshape_as(q)
+    assert (dequantized - linear.weight).abs().max() <= (d.float().max() / 2) * 1.01  # half a step
+    for num_tokens in (1, 2, 5, 8, 9, 30):  # tiles of 8 tokens, and their tails
+        x = torch.randn(num_tokens, in_features).to(dtype)
+        x[0, 40:64] *= 50  # one loud block must not change the quantization of the others
+        got = layer(x)
+        assert got.dtype == dtype and got.shape == (num_tokens, out_features)
+        expected = _q4_1_definition(x, q, d, m) + linear.bias.double()
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(got.double(), expected, rtol=tol, atol=tol)
+        for i in range(num_tokens):
+            assert torch.equal(layer(x[i:i + 1]), got[i:i + 1]), (num_tokens, i)
+        # Against the same weights with float activations, the int8 ones cost about 1%.
+        exact = x.double() @ dequantized.double().t() + linear.bias.double()
+        assert (got.double() - exact).abs().max() < 0.03 * exact.abs().max()
+    # Without a bias.
+    layer = Q4_1Linear(_linear(64, 32, torch.randn(64, 32), bias=False))
+    x = torch.randn(40, 32)
+    assert layer.bias is None and torch.equal(layer(x)[17:18], layer(x[17:18]))
 
 
-def test_int4_refuses_inputs_that_do_not_fill_groups():
+def test_q4_1_blocks_are_the_default_models_own():
+    # Dequantized on load and quantized again at start-up, every Q4_1 tensor of the
+    # default model comes back as the file's blocks, bit for bit: `int4` computes
+    # with the file's weights.
+    from gguf import GGMLQuantizationType
+    from amity.models.gguf_dequant import dequantize
+    from amity.models.gguf_loader import open_gguf
+    from amity.models.loader import default_model_path
+
+    reader = open_gguf(default_model_path())
+    checked = 0
+    for tensor in reader.tensors:
+        if tensor.tensor_type != GGMLQuantizationType.Q4_1 or not tensor.name.startswith(("blk.0.", "blk.29.")):
+            continue
+        shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
+        raw = torch.from_numpy(tensor.data.copy()).view(torch.uint8).reshape(-1, 20)
+        q, d, m = q4_1_blocks(dequantize(tensor.data, tensor.tensor_type, shape))
+        assert torch.equal(d.reshape(-1).view(torch.uint8), raw[:, :2].reshape(-1)), tensor.name
+        assert torch.equal(m.reshape(-1).view(torch.uint8), raw[:, 2:4].reshape(-1)), tensor.name
+        nibbles = torch.cat([raw[:, 4:] & 15, raw[:, 4:] >> 4], dim=1)  # element j low, j + 16 high
+        assert torch.equal(q.reshape(-1, 32), nibbles), tensor.name
+        checked += 1
+    assert checked == 14
+
+
+def test_int4_refuses_inputs_that_do_not_fill_blocks():
     with pytest.raises(ValueError, match="divisible by 32"):
-        Int4Linear(nn.Linear(40, 8))
+        Q4_1Linear(nn.Linear(40, 8))
 
 
 def test_quantize_model_replaces_every_linear_but_keeps_the_tied_embedding(tiny_model_factory):
@@ -119,6 +167,7 @@ def test_quantize_model_replaces_every_linear_but_keeps_the_tied_embedding(tiny_
     embedding = loaded.model.model.embed_tokens.weight.detach().clone()
     assert loaded.model.lm_head.weight is loaded.model.model.embed_tokens.weight  # tied
     unquantized = copy.deepcopy(loaded.model)
+    unquantized_int4 = copy.deepcopy(loaded.model)
     quantize_model(loaded.model, "int8", torch.device("cpu"))
     assert not any(isinstance(m, nn.Linear) for m in loaded.model.modules())
     assert isinstance(loaded.model.lm_head, Int8Linear)
@@ -132,6 +181,10 @@ def test_quantize_model_replaces_every_linear_but_keeps_the_tied_embedding(tiny_
     assert isinstance(unquantized.lm_head, PackedLinear) and unquantized.lm_head.weight_scale is None
     with pytest.raises(ValueError, match="CPU kernels"):
         quantize_model(loaded.model, "int4", torch.device("cuda"))
+    # int4 keeps the LM head at 8 bits, as Q4_1 files keep their output matrix.
+    int4 = quantize_model(copy.deepcopy(unquantized_int4), "int4", torch.device("cpu"))
+    assert isinstance(int4.model.layers[0].mlp.down_proj, Q4_1Linear)
+    assert isinstance(int4.lm_head, PackedLinear) and int4.lm_head.weight_packed.dtype == torch.int8
     with pytest.raises(ValueError, match="not one of"):
         quantize_model(loaded.model, "fp8", torch.device("cpu"))
 
