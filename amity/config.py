@@ -33,13 +33,14 @@ class EngineConfig:
     device: str = _opt("auto", "cpu, cuda, or auto (cuda when available).")
     quantization: str = _opt(
         "none",
-        "Linear layers as loaded (none; on a CPU through our packed kernel), int8 weights and "
+        "Linear layers as loaded (none; on a CPU through our packed kernel), their weights "
+        "rounded to bfloat16 with float32 activations (bf16-weight), int8 weights and "
         "per-token int8 activations (int8, for batches), int8 weights with float activations "
         "(int8-weight), or GGUF Q4_1 weights with int8 activations per block of 32, as "
         "llama.cpp computes them (int4: the fastest, and on a Q4_1 file its own weights). "
         "The quantized ones are CPU only; the accuracy cost of each is measured in "
         "benchmarks/README.md.",
-        choices=("none", "int8", "int8-weight", "int4"),
+        choices=("none", "bf16-weight", "int8", "int8-weight", "int4"),
     )
     compile: bool = _opt(
         False,

@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--quantization", nargs="+", default=["none"],
-                        help="amity runs once per scheme listed (none, int8, int8-weight, int4)")
+                        help="amity runs once per scheme listed (none, bf16-weight, int8, int8-weight, int4)")
     parser.add_argument("--compile", action="store_true", help="amity with --compile (torch.compile)")
     parser.add_argument("--skip-transformers", action="store_true")
     args = parser.parse_args()

@@ -51,7 +51,7 @@ def test_int8_is_int8_weights_times_per_token_int8_activations():
 PACKED_TOKENS = (1, 2, 3, 5, 7, 12, 13, 30)
 
 
-@pytest.mark.parametrize("weights", ["int8", "float32", "bfloat16"])
+@pytest.mark.parametrize("weights", ["int8", "float32", "bfloat16", "float32 as bfloat16"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packed_linear_is_its_definition_and_batch_invariant(weights, dtype):
     load_cpu_kernels()
@@ -60,16 +60,21 @@ def test_packed_linear_is_its_definition_and_batch_invariant(weights, dtype):
     weight = torch.randn(out_features, in_features) * 0.05
     if weights == "int8":
         linear = _linear(out_features, in_features, weight)
-        layer = PackedLinear(linear, int8=True)
+        layer = PackedLinear(linear, "int8")
         w_scale = weight.abs().amax(1) / 127
         w_q = torch.round(weight / w_scale[:, None])
         effective = w_q.double() * w_scale.double()[:, None]
         assert layer.weight_packed.dtype == torch.int8
         assert torch.equal(layer.weight_packed.transpose(1, 2).reshape(-1, in_features)[:out_features].double(),
                            w_q.double())
+    elif weights == "float32 as bfloat16":  # bf16-weight: rounded once, at packing
+        linear = _linear(out_features, in_features, weight)
+        layer = PackedLinear(linear, "bfloat16")
+        effective = weight.bfloat16().double()
+        assert layer.weight_packed.dtype == torch.bfloat16 and layer.weight_scale is None
     else:
         linear = _linear(out_features, in_features, weight).to(getattr(torch, weights))
-        layer = PackedLinear(linear, int8=False)
+        layer = PackedLinear(linear, "loaded")
         effective = linear.weight.double()
         assert layer.weight_packed.dtype == getattr(torch, weights) and layer.weight_scale is None
     bias = linear.bias.double()
@@ -84,7 +89,7 @@ def test_packed_linear_is_its_definition_and_batch_invariant(weights, dtype):
         for i in range(num_tokens):
             assert torch.equal(layer(x[i:i + 1]), got[i:i + 1]), (num_tokens, i)
     # Without a bias.
-    layer = PackedLinear(_linear(64, 32, torch.randn(64, 32), bias=False), int8=weights == "int8")
+    layer = PackedLinear(_linear(64, 32, torch.randn(64, 32), bias=False), "int8" if weights == "int8" else "loaded")
     x = torch.randn(40, 32)
     assert torch.equal(layer(x)[17:18], layer(x[17:18]))
 
@@ -189,7 +194,7 @@ def test_quantize_model_replaces_every_linear_but_keeps_the_tied_embedding(tiny_
         quantize_model(loaded.model, "fp8", torch.device("cpu"))
 
 
-@pytest.mark.parametrize("scheme", ["none", "int8", "int8-weight", "int4"])
+@pytest.mark.parametrize("scheme", ["none", "bf16-weight", "int8", "int8-weight", "int4"])
 def test_quantized_engine_batches_like_it_runs_alone(tiny_model_factory, scheme):
     path = tiny_model_factory("llama")
     engine = LLMEngine(EngineConfig(model=str(path), dtype="float32", kv_cache_memory="16MiB",
@@ -209,11 +214,11 @@ def default_model():
     return load_model(None, torch.float32, torch.device("cpu"))
 
 
-# Measured on a 700-token English text (benchmarks/README.md has the figures): int8
-# keeps the float32 argmax at ~89% of positions (KL ~0.03), int8-weight at ~95%
-# (KL ~0.005), int4 at ~88% (KL ~0.05); bfloat16 at ~98%. A broken kernel or
+# Measured on 700-token texts (benchmarks/README.md has the figures): int8 keeps the
+# float32 argmax at ~89% of positions (KL ~0.03), int8-weight at ~96% (KL ~0.005),
+# int4 at ~96% (KL ~0.004), bf16-weight at ~99.7% (KL ~0.0001). A broken kernel or
 # packing falls to a few percent.
-@pytest.mark.parametrize("scheme", ["int8", "int8-weight", "int4"])
+@pytest.mark.parametrize("scheme", ["bf16-weight", "int8", "int8-weight", "int4"])
 def test_quantized_default_model_stays_close_to_float32(default_model, scheme):
     text = ("The Roman Empire was the post-Republican state of ancient Rome. It is generally "
             "understood to mean the period and territory ruled by the Romans following "
@@ -231,7 +236,7 @@ def test_quantized_default_model_stays_close_to_float32(default_model, scheme):
     assert kl < 0.12 and top1 > 0.75, (kl, top1)
 
 
-@pytest.mark.parametrize("scheme", ["none", "int8", "int8-weight", "int4"])
+@pytest.mark.parametrize("scheme", ["none", "bf16-weight", "int8", "int8-weight", "int4"])
 def test_every_layer_takes_a_batch_of_no_rows(scheme):
     # A step whose only sequence is mid-prefill samples nothing: its LM head gets 0 rows.
     load_cpu_kernels()
