@@ -46,8 +46,8 @@ constexpr int64_t BLOCK_BYTES = SCALES + 2 * NR * 2;    // 640
 constexpr int MR = 8;                                   // tokens per tile: 16 int32 sums in registers
 constexpr int64_t AHEAD = 6;                            // blocks prefetched ahead, about 4 KiB
 
-// A token's activations per block of 32: q = round(x / dx) (ties to even) with
-// dx = max|x| / 127, and s = dx * sum(q) for the offsets' term.
+// A token's activations per block of 32: q = round(x * (1 / dx)) (ties to even)
+// with dx = max|x| / 127, and s = dx * sum(q) for the offsets' term.
 struct Activations {
   const int8_t* q;  // [T, K]
   const float* d;   // [T, K / 32]
