@@ -83,14 +83,38 @@ class Int8Linear(nn.Module):
         return out.to(dtype).reshape(*shape[:-1], self.weight_t.shape[1])
 
 
-class PackedLinear(nn.Module):
-    """Weights in panels of PANEL_ROWS output rows, [N / 32, K, 32], as the kernel
-    reads them: `weights` is "loaded" (the float weights as loaded), "bfloat16"
-    (rounded to it) or "int8" (with a scale per row). Rows are padded with zeros to
-    whole panels, and the padding cut off the output."""
+class _PanelLinear(nn.Module):
+    """What the panel kernels' layers share: outputs padded with zero rows to whole
+    panels of PANEL_ROWS (whatever their scale, their outputs are cut off), a float
+    bias padded alike, and `kernel` on the flattened tokens."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.out_features = linear.weight.shape[0]
+        self.padding_rows = -self.out_features % PANEL_ROWS
+        bias = _float_bias(linear)
+        self.bias = None if bias is None else nn.Parameter(F.pad(bias, (0, self.padding_rows)),
+                                                           requires_grad=False)
+
+    def kernel(self, x: torch.Tensor) -> torch.Tensor:  # [T, K] -> [T, padded N]
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        out = self.kernel(x.reshape(-1, shape[-1]))
+        if out.shape[-1] != self.out_features:
+            out = out[:, :self.out_features]
+        # Not `-1`: a step can ask a layer for no rows at all (an LM head with nothing to sample).
+        return out.reshape(*shape[:-1], self.out_features)
+
+
+class PackedLinear(_PanelLinear):
+    """Weights in panels of PANEL_ROWS output rows, [N / 32, K, 32], as
+    csrc/packed_linear.cpp reads them: `weights` is "loaded" (the float weights as
+    loaded), "bfloat16" (rounded to it) or "int8" (with a scale per row)."""
 
     def __init__(self, linear: nn.Linear, weights: str):
-        super().__init__()
+        super().__init__(linear)
         weight, scale = linear.weight.detach(), None
         if weights == "int8":
             weight, scale = _int8_rows(linear)
@@ -98,22 +122,13 @@ class PackedLinear(nn.Module):
             weight = weight.bfloat16()
         elif weight.dtype not in (torch.float32, torch.bfloat16):  # the kernel reads these; float16 is widened
             weight = weight.float()
-        self.out_features, in_features = weight.shape
-        pad = -self.out_features % PANEL_ROWS  # zero rows; whatever their scale, their outputs are cut off
-        panels = F.pad(weight, (0, 0, 0, pad)).reshape(-1, PANEL_ROWS, in_features).transpose(1, 2)
+        in_features = weight.shape[1]
+        panels = F.pad(weight, (0, 0, 0, self.padding_rows)).reshape(-1, PANEL_ROWS, in_features).transpose(1, 2)
         self.register_buffer("weight_packed", panels.contiguous())
-        self.register_buffer("weight_scale", None if scale is None else F.pad(scale, (0, pad)))
-        bias = _float_bias(linear)
-        self.bias = None if bias is None else nn.Parameter(F.pad(bias, (0, pad)), requires_grad=False)
+        self.register_buffer("weight_scale", None if scale is None else F.pad(scale, (0, self.padding_rows)))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        out = torch.ops.amity.packed_linear(x.reshape(-1, shape[-1]), self.weight_packed, self.weight_scale,
-                                            self.bias)
-        if out.shape[-1] != self.out_features:
-            out = out[:, :self.out_features]
-        # Not `-1`: a step can ask a layer for no rows at all (an LM head with nothing to sample).
-        return out.reshape(*shape[:-1], self.out_features)
+    def kernel(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.amity.packed_linear(x, self.weight_packed, self.weight_scale, self.bias)
 
 
 def q4_1_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -136,16 +151,14 @@ def q4_1_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
     return q.reshape(out_features, in_features).to(torch.uint8), d.half(), low.half()
 
 
-class Q4_1Linear(nn.Module):
+class Q4_1Linear(_PanelLinear):
     """GGUF Q4_1 weights in the panels of csrc/q4_1_linear.cpp, [N / 32, K / 32, 640]
-    uint8, times int8 activations per block of 32 (that file says how and why).
-    Rows are padded with zeros to whole panels, and the padding cut off the output."""
+    uint8, times int8 activations per block of 32 (that file says how and why)."""
 
     def __init__(self, linear: nn.Linear):
-        super().__init__()
-        self.out_features, in_features = linear.weight.shape
-        pad = -self.out_features % PANEL_ROWS
-        q, d, m = q4_1_blocks(F.pad(linear.weight.detach().float(), (0, 0, 0, pad)))
+        super().__init__(linear)
+        in_features = linear.weight.shape[1]
+        q, d, m = q4_1_blocks(F.pad(linear.weight.detach().float(), (0, 0, 0, self.padding_rows)))
         num_panels, num_blocks = q.shape[0] // PANEL_ROWS, in_features // Q4_1_BLOCK
         # [panel, block, quad, output, input in quad]; byte 4i + j of a quad holds
         # output i in its low nibble and output i + 16 in its high one.
@@ -156,15 +169,9 @@ class Q4_1Linear(nn.Module):
             return scales.reshape(num_panels, PANEL_ROWS, num_blocks).transpose(1, 2).contiguous().view(torch.uint8)
 
         self.register_buffer("weight_packed", torch.cat([quads, per_block(d), per_block(m)], dim=-1).contiguous())
-        bias = _float_bias(linear)
-        self.bias = None if bias is None else nn.Parameter(F.pad(bias, (0, pad)), requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        out = torch.ops.amity.q4_1_linear(x.reshape(-1, shape[-1]), self.weight_packed, self.bias)
-        if out.shape[-1] != self.out_features:
-            out = out[:, :self.out_features]
-        return out.reshape(*shape[:-1], self.out_features)
+    def kernel(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.amity.q4_1_linear(x, self.weight_packed, self.bias)
 
 
 _LAYERS = {

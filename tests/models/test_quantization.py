@@ -97,7 +97,7 @@ def test_packed_linear_is_its_definition_and_batch_invariant(weights, dtype):
 def _q4_1_definition(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """x [T, K] times Q4_1 weights (q [N, K], d and m [N, K / 32]), in float64, with
     x quantized to int8 per token and block of 32 as llama.cpp's Q8_1: qx =
-    round(x / dx), dx = max|x| / 127, and the offsets times dx * sum(qx)."""
+    round(x * (1 / dx)), dx = max|x| / 127, and the offsets times dx * sum(qx)."""
     blocks = x.float().reshape(x.shape[0], -1, 32)
     dx = blocks.abs().amax(-1) / 127
     qx = torch.round(blocks * torch.where(dx != 0, 1 / dx, torch.zeros_like(dx))[..., None])
@@ -187,7 +187,7 @@ def test_quantize_model_replaces_every_linear_but_keeps_the_tied_embedding(tiny_
     with pytest.raises(ValueError, match="CPU kernels"):
         quantize_model(loaded.model, "int4", torch.device("cuda"))
     # int4 keeps the LM head at 8 bits, as Q4_1 files keep their output matrix.
-    int4 = quantize_model(copy.deepcopy(unquantized_int4), "int4", torch.device("cpu"))
+    int4 = quantize_model(unquantized_int4, "int4", torch.device("cpu"))
     assert isinstance(int4.model.layers[0].mlp.down_proj, Q4_1Linear)
     assert isinstance(int4.lm_head, PackedLinear) and int4.lm_head.weight_packed.dtype == torch.int8
     with pytest.raises(ValueError, match="not one of"):
