@@ -57,7 +57,7 @@ class LLMEngine:
         loaded = loaded or load_model(config.model, self.dtype, self.device)
         self.model = quantize_model(loaded.model, config.quantization, self.device)
         if config.compile:
-            self.model = compile_model(self.model)
+            self.model = compile_model(self.model, self.device)
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.model_path = loaded.path
