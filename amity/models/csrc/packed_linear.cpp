@@ -170,8 +170,11 @@ struct Problem {
 };
 
 // Panels per direct tile for M tokens: enough chains in flight (8+) without
-// spilling the 32 vector registers (accumulators + widened weights).
-constexpr int panels_for(int M) { return M == 1 ? 4 : M == 2 ? 4 : M == 3 ? 3 : M <= 6 ? 2 : 1; }
+// spilling the 32 vector registers (accumulators + widened weights). One token
+// takes 8 panels: a core reads memory faster the more weight streams it has in
+// flight, and a decode step's 120 matrices ran about 4% faster than with 4
+// (seven A/B pairs, benchmarks/README.md).
+constexpr int panels_for(int M) { return M == 1 ? 8 : M == 2 ? 4 : M == 3 ? 3 : M <= 6 ? 2 : 1; }
 
 // direct_tile with P = size, for 1 <= size <= PMAX.
 template <typename W, int M, int P>
@@ -242,7 +245,7 @@ void blocked_panels(const Problem& pb, const W* weight, int64_t begin, int64_t e
 template <typename W>
 void run(const Problem& pb, const W* weight) {
   const int64_t num_panels = pb.N / NR;
-  const int64_t panels_per_task = pb.T <= MR ? 4 : 1;  // one direct tile of up to 4 panels, or a blocked panel
+  const int64_t panels_per_task = pb.T == 1 ? 8 : pb.T <= MR ? 4 : 1;  // one direct tile, or a blocked panel
   const int64_t num_tasks = (num_panels + panels_per_task - 1) / panels_per_task;
   // Waking the second thread pays past about 64 KiB of weights each.
   const bool parallel = num_panels * pb.K * NR * static_cast<int64_t>(sizeof(W)) >= (128 << 10);
