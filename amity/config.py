@@ -45,7 +45,7 @@ class EngineConfig:
     compile: bool = _opt(
         False,
         "Run the decoder layers through torch.compile (inductor): fused elementwise ops, "
-        "1.2-1.5x faster on this CPU, after a compile of one to two minutes at the first "
+        "1.2-1.5x faster on this CPU, after a compile of about three minutes at the first "
         "start (cached on disk: later starts take 15-20 s).",
     )
     kv_cache_memory: str = _opt(

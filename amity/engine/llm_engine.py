@@ -109,7 +109,7 @@ class LLMEngine:
         """Runs a step of two or more tokens and one of a single token, so both
         compiled graphs (compilation.py) exist before the first request. The
         prompts are shorter than a block: nothing stays in the prefix cache."""
-        logger.info("compiling the model (--compile); the first start on a machine takes one to two minutes")
+        logger.info("compiling the model (--compile); the first start on a machine takes about three minutes")
         started = time.perf_counter()
         greedy = SamplingParams(temperature=0, max_tokens=2, min_tokens=2)
         self.generate([[0, 1, 2]], greedy)

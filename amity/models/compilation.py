@@ -8,8 +8,7 @@ calls the matmuls and our attention op as they are.
 On the CPU the code that calls them is C++ too (inductor's `cpp_wrapper`): its
 Python wrapper makes about 40 calls a layer (kernels, ops, buffer views, size
 checks), some 1.3 ms of a 15-17 ms bfloat16 decode step here, in an A/B in one
-process. The price is the first compile on a machine: about three minutes
-instead of one and a half for the default model; later starts read the cache.
+process. Its price is the first compile on a machine (below).
 
 One graph serves every step: the number of tokens is dynamic, and the attention
 metadata's sizes (how many sequences, how many blocks) are unbacked, since only
@@ -17,8 +16,8 @@ the opaque attention op reads them, so a new mix of prefills and decodes does no
 recompile. Dynamo still specialises a one-token step, so there are two graphs:
 one token, and two or more. `LLMEngine` compiles both at start-up with a short
 warm-up generation. Inductor caches what it builds (in /tmp/torchinductor_$USER),
-so a later start on the same machine is faster (about 20 s here, against one to
-two minutes cold).
+so a later start on the same machine is faster: about 20 s here, against about
+three minutes cold for the default model (one and a half without cpp_wrapper).
 
 The embedding and the LM head stay eager: they are one op each.
 """
