@@ -17,7 +17,7 @@ recompile. Dynamo still specialises a one-token step, so there are two graphs:
 one token, and two or more. `LLMEngine` compiles both at start-up with a short
 warm-up generation. Inductor caches what it builds (in /tmp/torchinductor_$USER),
 so a later start on the same machine is faster: about 20 s here, against about
-three minutes cold for the default model (one and a half without cpp_wrapper).
+three minutes cold for the default model (80 s without cpp_wrapper).
 
 The embedding and the LM head stay eager: they are one op each.
 """

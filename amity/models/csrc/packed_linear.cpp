@@ -245,7 +245,8 @@ void blocked_panels(const Problem& pb, const W* weight, int64_t begin, int64_t e
 template <typename W>
 void run(const Problem& pb, const W* weight) {
   const int64_t num_panels = pb.N / NR;
-  const int64_t panels_per_task = pb.T == 1 ? 8 : pb.T <= MR ? 4 : 1;  // one direct tile, or a blocked panel
+  // One direct tile of the widest kind for these tokens (at least 4 panels), or a blocked panel.
+  const int64_t panels_per_task = pb.T <= MR ? std::max(panels_for(static_cast<int>(pb.T)), 4) : 1;
   const int64_t num_tasks = (num_panels + panels_per_task - 1) / panels_per_task;
   // Waking the second thread pays past about 64 KiB of weights each.
   const bool parallel = num_panels * pb.K * NR * static_cast<int64_t>(sizeof(W)) >= (128 << 10);
