@@ -83,8 +83,8 @@ class LLMEngine:
         if self.num_blocks < 1:
             raise ValueError(f"KV cache budget {config.kv_cache_memory!r} holds no block "
                              f"({bytes_per_block} bytes each)")
-        # Zeros, not empty: padded attention reads unused slots (weighted 0), and
-        # 0 * NaN from uninitialised memory would poison the output.
+        # Zeroed once, for a defined start; attention itself keeps the slots a sequence
+        # does not own (stale, padded, never written) out of its output.
         shape = (self.num_blocks, self.block_size, num_kv_heads, head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
