@@ -20,8 +20,9 @@ not use a stage is left bit-for-bit unchanged by it.
  6. logprobs            REPORTED LOGPROBS ARE log_softmax OF THE LOGITS HERE:
                         after the request's bias, bans and penalties, before
                         temperature and truncation. `score` reports the same.
- 7. temperature         temperature 0 rows are greedy: their token is the argmax
-                        of the stage-5 logits and stages 7-9 skip them.
+ 7. temperature         temperature 0 rows (any below GREEDY_TEMPERATURE_EPS) are
+                        greedy: their token is the argmax of the stage-5 logits
+                        and stages 7-9 skip them.
  8. top_k, top_p, min_p, then XTC, each on the distribution left by the ones
                         before it (renormalized). XTC fires with probability
                         xtc_probability per step: one uniform from the row's

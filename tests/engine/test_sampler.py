@@ -110,6 +110,17 @@ def test_greedy_row_takes_argmax_of_penalized_logits_ignoring_truncation():
     assert sampler(logits, [row]).token_ids == [2]  # 3.0 / 2 = 1.5 < 2.0
 
 
+@pytest.mark.parametrize("temperature", [1e-45, 1e-30, 1e-7])
+def test_a_tiny_positive_temperature_is_greedy(temperature):
+    """Issue 13 (defect 9): logits divided by 1e-45 overflow to inf and the draw
+    picks garbage; below the sampling epsilon a temperature is greedy, as in vLLM."""
+    torch.manual_seed(3)
+    logits = torch.randn(16, V) * 4
+    rows = [make_row(seed=i, temperature=temperature, top_k=[0, 5][i % 2], top_p=[1.0, 0.8][i // 8])
+            for i in range(16)]
+    assert sampler(logits, rows).token_ids == logits.argmax(dim=1).tolist()
+
+
 def test_random_row_without_generator_is_refused():
     row = SamplingRow(SamplingParams(), [1], [], None, EOS)
     with pytest.raises(ValueError, match="no generator"):
