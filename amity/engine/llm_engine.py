@@ -263,7 +263,7 @@ class LLMEngine:
         sampled = [i for i, (r, _) in enumerate(result.logit_rows) if not r.forced_token_ids]
         forced = [i for i, (r, _) in enumerate(result.logit_rows) if r.forced_token_ids]
         for request, token, logprob in self._sample(result, sampled) + self._score_forced(result, forced):
-            request.output_token_ids.append(token)
+            request.append_output(token)
             new_tokens.setdefault(request.request_id, []).append(token)
             if logprob is not None:
                 new_logprobs.setdefault(request.request_id, []).append(logprob)
@@ -297,7 +297,7 @@ class LLMEngine:
         constrained = [k for k, r in enumerate(requests) if r.grammar is not None]
         if constrained:
             structured_output.apply_bitmasks(logits, constrained, [requests[k].grammar for k in constrained])
-        out = self.sampler(logits, [self._row(r, r.output_token_ids) for r in requests])
+        out = self.sampler(logits, [self._row(r, r.all_token_ids) for r in requests])
         for request, token in zip(requests, out.token_ids):
             if request.grammar is not None and not request.grammar.accept(token):
                 logger.error("request %s: the grammar refused sampled token %d", request.request_id, token)
@@ -313,14 +313,15 @@ class LLMEngine:
         for i in indices:
             request, position = result.logit_rows[i]
             k = position - request.first_logit_position
-            rows.append(self._row(request, request.forced_token_ids[:k]))
+            # The history at forced position k: the prompt and the forced tokens before it.
+            rows.append(self._row(request, request.all_token_ids[:request.num_prompt_tokens + k]))
             picks.append((request, request.forced_token_ids[k]))
         scores = self.sampler.score(result.logits[indices], rows, [token for _, token in picks])
         return [(request, token, score) for (request, token), score in zip(picks, scores)]
 
-    def _row(self, request: Request, output_token_ids: list[int]) -> SamplingRow:
-        return SamplingRow(params=request.params, prompt_token_ids=request.prompt_token_ids,
-                           output_token_ids=output_token_ids, generator=request.generator,
+    def _row(self, request: Request, token_ids: list[int]) -> SamplingRow:
+        return SamplingRow(params=request.params, token_ids=token_ids,
+                           num_prompt_tokens=request.num_prompt_tokens, generator=request.generator,
                            eos_token_ids=request.eos_token_ids)
 
     def _check_stop(self, request: Request, stop_string: str | None) -> RequestStatus | None:
@@ -332,12 +333,12 @@ class LLMEngine:
                 return RequestStatus.FINISHED_LENGTH
             if request.grammar.is_terminated():
                 return RequestStatus.FINISHED_STOPPED
-        output = request.output_token_ids
-        if request.num_output_tokens >= request.min_output_tokens:
-            if output[-1] in request.eos_token_ids:
+        tokens, num_output = request.all_token_ids, request.num_output_tokens
+        if num_output >= request.min_output_tokens:
+            if tokens[-1] in request.eos_token_ids:
                 return RequestStatus.FINISHED_STOPPED
-            for seq in request.params.stop_tokens:
-                if output[-len(seq):] == seq:
+            for seq in request.params.stop_tokens:  # matched within the output only
+                if len(seq) <= num_output and tokens[-len(seq):] == seq:
                     return RequestStatus.FINISHED_STOPPED
             if stop_string is not None:
                 return RequestStatus.FINISHED_STOPPED

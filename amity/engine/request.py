@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from amity.engine.outputs import TokenLogprob
 from amity.engine.sampling_params import SamplingParams
 
 
@@ -30,7 +29,7 @@ class RequestStatus(enum.Enum):
                         RequestStatus.FINISHED_ABORTED)
 
 
-@dataclass
+@dataclass(eq=False)  # an entity: list membership and removal go by identity
 class Request:
     request_id: str
     group_id: str
@@ -49,8 +48,13 @@ class Request:
     # choices compute the prompt once and share its cached blocks.
     prefix_source: "Request | None" = None
 
-    output_token_ids: list[int] = field(default_factory=list)
-    output_logprobs: list[TokenLogprob] = field(default_factory=list)
+    # The tokens whose K/V the request computes, as one list that only grows: the
+    # prompt, then each output token as it is appended; with forced output, the
+    # prompt and all forced tokens but the last (each predicts the next), fixed.
+    # Per-step code reads its length and slices of it, never a rebuilt copy.
+    all_token_ids: list[int] = field(init=False)
+    num_prompt_tokens: int = field(init=False)
+    num_output_tokens: int = field(init=False, default=0)
     num_computed_tokens: int = 0
     num_cached_tokens: int | None = None  # prompt tokens served from the prefix cache
     block_table: list[int] = field(default_factory=list)
@@ -66,32 +70,27 @@ class Request:
     grammar_failed: bool = False
 
     def __post_init__(self) -> None:
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.all_token_ids = self.prompt_token_ids + self.forced_token_ids[:-1]
         if not self.params.is_greedy:
             self.generator = torch.Generator().manual_seed(self.seed)
 
-    @property
-    def computed_prompt_ids(self) -> list[int]:
-        """The tokens whose K/V the prompt pass computes: prompt, then all forced
-        tokens but the last (each predicts the next)."""
-        return self.prompt_token_ids + self.forced_token_ids[:-1]
+    def append_output(self, token_id: int) -> None:
+        """Count one more output token (forced ones are already in `all_token_ids`)."""
+        if not self.forced_token_ids:
+            self.all_token_ids.append(token_id)
+        self.num_output_tokens += 1
 
     @property
-    def all_token_ids(self) -> list[int]:
+    def output_token_ids(self) -> list[int]:
+        """A copy, for reports and tests; per-step code reads `all_token_ids`."""
         if self.forced_token_ids:
-            return self.computed_prompt_ids
-        return self.prompt_token_ids + self.output_token_ids
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+            return self.forced_token_ids[:self.num_output_tokens]
+        return self.all_token_ids[self.num_prompt_tokens:]
 
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
 
     @property
     def first_logit_position(self) -> int:

@@ -221,7 +221,8 @@ def test_ref_counts_with_shared_blocks_through_finish_and_abort():
     kv.free(b)
     check_ref_counts(kv, [a, c])
     # c grows by decoding, then is aborted midway.
-    c.output_token_ids.extend([1, 2, 3, 4])
+    for token in [1, 2, 3, 4]:
+        c.append_output(token)
     assert kv.allocate(c, c.num_tokens)
     check_ref_counts(kv, [a, c])
     kv.free(c)
