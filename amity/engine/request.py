@@ -58,6 +58,7 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int | None = None  # prompt tokens served from the prefix cache
     block_table: list[int] = field(default_factory=list)
+    num_published_blocks: int = 0  # of block_table, already offered to the prefix cache
     block_hashes: list[bytes] = field(default_factory=list)  # chained, one per full block
     status: RequestStatus = RequestStatus.WAITING
     arrival_time: float = field(default_factory=time.monotonic)
