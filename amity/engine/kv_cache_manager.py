@@ -97,11 +97,12 @@ class KVCacheManager:
         return hashes
 
     def find_cached_blocks(self, request: Request) -> list[int]:
-        """The blocks of the request's longest cached prefix. The last token is
-        always left to compute: its logits are needed."""
+        """The blocks of the request's longest cached prefix. Positions that still
+        owe an output (the last token; forced positions not yet scored) are always
+        left to compute: their logits are needed."""
         if not self.enable_prefix_caching:
             return []
-        limit = min(request.cacheable_prefix_len, request.num_tokens - 1)
+        limit = min(request.cacheable_prefix_len, request.first_logit_position)
         blocks = []
         num_blocks = limit // self.block_size
         for h in self._hashes(request, num_blocks)[:num_blocks]:

@@ -312,7 +312,7 @@ class LLMEngine:
         rows, picks = [], []
         for i in indices:
             request, position = result.logit_rows[i]
-            k = position - request.first_logit_position
+            k = position - (request.num_prompt_tokens - 1)  # the forced token this position predicts
             # The history at forced position k: the prompt and the forced tokens before it.
             rows.append(self._row(request, request.all_token_ids[:request.num_prompt_tokens + k]))
             picks.append((request, request.forced_token_ids[k]))
@@ -325,8 +325,8 @@ class LLMEngine:
                            eos_token_ids=request.eos_token_ids)
 
     def _check_stop(self, request: Request, stop_string: str | None) -> RequestStatus | None:
-        if request.forced_token_ids:
-            done = request.num_output_tokens == len(request.forced_token_ids)
+        if request.forced_token_ids:  # >=, not ==: a miscount must never run forever
+            done = request.num_output_tokens >= len(request.forced_token_ids)
             return RequestStatus.FINISHED_STOPPED if done else None
         if request.grammar is not None:  # issue 5: the grammar decides where output ends
             if request.grammar_failed:

@@ -95,11 +95,12 @@ class Request:
 
     @property
     def first_logit_position(self) -> int:
-        """Positions from here on produce logits the engine needs: the last token
-        normally, every forced-token position when output is forced."""
-        if self.forced_token_ids:
-            return self.num_prompt_tokens - 1
-        return self.num_tokens - 1
+        """The position whose logits give the next output token: from here on,
+        positions still owe an output (the last token normally, every forced
+        position not yet scored with forced output). Positions before it have
+        emitted theirs: recomputing them after a preemption emits nothing again,
+        and they alone may come from the prefix cache."""
+        return self.num_prompt_tokens - 1 + self.num_output_tokens
 
     @property
     def cacheable_prefix_len(self) -> int:

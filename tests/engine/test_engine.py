@@ -343,3 +343,58 @@ def test_forced_output_tokens_logprobs_match_transformers(make_engine, tiny_llam
         assert [t for t, _ in lp.top] == top.indices.tolist()
         torch.testing.assert_close(torch.tensor([v for _, v in lp.top]), top.values, atol=1e-4, rtol=0)
     assert_all_blocks_free(engine)
+
+
+def run_finals(engine: LLMEngine, requests: dict[str, tuple[list[int], SamplingParams]],
+               on_step=None) -> dict[str, FinalOutput]:
+    """Add every request at once and run until all finish; their accumulated outputs."""
+    finals = {}
+    for rid, (prompt, params) in requests.items():
+        engine.add_request(rid, prompt, params)
+        finals[rid] = FinalOutput(rid)
+    for _ in range(2000):
+        if not engine.has_unfinished_requests():
+            return finals
+        for out in engine.step():
+            finals[out.request_id].add(out)
+        if on_step:
+            on_step(engine)
+    raise AssertionError("requests still unfinished after 2000 steps")
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_forced_output_tokens_survive_preemption(make_engine, vocab_size, prefix_caching):
+    """Issue 13 (defect 2): a forced request preempted midway through its pass
+    scored its forced tokens again on recompute, overshot their count, never
+    finished and held its blocks forever."""
+    engine = make_engine(block_size=4, kv_cache_memory=str(10 * 2048), max_num_batched_tokens=8,
+                         enable_prefix_caching=prefix_caching)
+    assert engine.num_blocks == 10
+    long_prompt, short_prompt, forced_prompt, forced = prompts(4, [4, 3, 6, 20], vocab_size, seed=13)
+    forced_params = SamplingParams(forced_output_tokens=forced, logprobs=2, **GREEDY)
+    (alone,) = make_engine().generate([forced_prompt], forced_params)
+    requests = {"decode": (long_prompt, SamplingParams(max_tokens=30, **GREEDY)),
+                "other": (short_prompt, SamplingParams(max_tokens=12, **GREEDY)),
+                "forced": (forced_prompt, forced_params)}
+    preempted = set()
+    finals = run_finals(engine, requests, on_step=lambda e: preempted.update(
+        r.group_id for r in e.scheduler.waiting if r.status is RequestStatus.PREEMPTED))
+    assert "forced" in preempted, "the forced request must be preempted midway for this test"
+    choice = finals["forced"].ordered_choices[0]
+    assert choice.token_ids == forced and choice.finish_reason == "stop"
+    expected = alone.ordered_choices[0].logprobs
+    torch.testing.assert_close([lp.logprob for lp in choice.logprobs], [lp.logprob for lp in expected],
+                               atol=1e-4, rtol=0)  # chunked differently: float rounding
+    assert_all_blocks_free(engine)
+
+
+def test_forced_output_tokens_with_n_choices_sharing_the_prompt(make_engine, vocab_size):
+    """Issue 13 (defect 2): the second choice took its sibling's cached blocks,
+    which cover forced positions, so it never computed (nor scored) them and
+    never finished. Positions still owing an output are never taken from the cache."""
+    engine = make_engine(block_size=4)
+    prompt, forced = prompts(2, [11, 20], vocab_size, seed=14)
+    finals = run_finals(engine, {"n2": (prompt, SamplingParams(n=2, forced_output_tokens=forced, **GREEDY))})
+    assert [c.token_ids for c in finals["n2"].ordered_choices] == [forced, forced]
+    assert [c.finish_reason for c in finals["n2"].ordered_choices] == ["stop", "stop"]
+    assert_all_blocks_free(engine)
