@@ -21,7 +21,7 @@ from amity.engine.detokenizer import IncrementalDetokenizer
 from amity.engine.errors import RequestError
 from amity.engine.kv_cache_manager import KVCacheManager
 from amity.engine.outputs import CompletionOutput, FinalOutput, RequestOutput, TokenLogprob
-from amity.engine.request import Request, RequestStatus
+from amity.engine.request import Request, RequestStatus, ValidatedRequest
 from amity.engine.sampler import Sampler, SamplingRow
 from amity.engine.sampling_params import SamplingParams
 from amity.engine.scheduler import Scheduler
@@ -137,8 +137,11 @@ class LLMEngine:
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams,
                  embedding_to_replace: list[float] | None = None,
-                 token_index_to_replace: list[int] | None = None) -> None:
-        """Raise RequestError for a request the engine cannot serve as asked."""
+                 token_index_to_replace: list[int] | None = None) -> ValidatedRequest:
+        """Check a request once, before it reaches the engine thread: RequestError
+        (a 422 naming its field) for one the engine cannot serve as asked. Returns
+        what `add_validated` needs, its grammar compiled. Reads only what is fixed
+        at start-up, so it is safe on any thread."""
         num_prompt = len(prompt_token_ids)
         if num_prompt == 0:
             raise RequestError("the prompt is empty; give at least one token", "prompt")
@@ -160,16 +163,18 @@ class LLMEngine:
             if any(not 0 <= t < self.vocab_size for t in ids):
                 raise RequestError(f"`{name}` has token ids outside the vocabulary [0, {self.vocab_size})",
                                    name)
+        self._check_seeds(params)
         limit = self.max_model_len
         if num_prompt >= limit:
             raise RequestError(f"the prompt has {num_prompt} tokens but the context length is {limit}; "
                                "shorten the prompt", "prompt")
         num_output = len(params.forced_output_tokens or []) or self._max_output_tokens(num_prompt, params)
+        output_field = ("forced_output_tokens" if params.forced_output_tokens
+                        else "max_total_tokens" if params.max_total_tokens is not None else "max_tokens")
         if num_prompt + num_output > limit:
             raise RequestError(
                 f"the prompt ({num_prompt} tokens) plus the requested output ({num_output} tokens) "
-                f"exceeds the context length {limit}; lower `max_tokens` or shorten the prompt",
-                "max_tokens" if params.max_total_tokens is None else "max_total_tokens")
+                f"exceeds the context length {limit}; lower `max_tokens` or shorten the prompt", output_field)
         capacity = self.num_blocks * self.block_size
         if num_prompt + num_output > capacity:
             raise RequestError(f"the request needs {num_prompt + num_output} tokens of KV cache but the "
@@ -193,7 +198,34 @@ class LLMEngine:
                     f"`embedding_to_replace` has {len(vectors)} numbers; it needs "
                     f"{len(indices)} indices x hidden size {self.hidden_size} = "
                     f"{len(indices) * self.hidden_size}", "embedding_to_replace")
-        self.compile_structured_output(params)  # issue 5: a refused grammar is a RequestError
+        replaced = {}
+        if indices:
+            rows = torch.tensor(vectors, dtype=torch.float32).view(len(indices), self.hidden_size)
+            replaced = dict(zip(indices, rows))
+        min_output = params.min_tokens
+        if params.min_total_tokens is not None:
+            min_output = max(0, params.min_total_tokens - num_prompt)
+        return ValidatedRequest(
+            prompt_token_ids=list(prompt_token_ids), params=params,
+            max_output_tokens=self._max_output_tokens(num_prompt, params), min_output_tokens=min_output,
+            eos_token_ids=(frozenset(params.eos_token) if params.eos_token is not None
+                           else self.tokenizer.eos_token_ids),
+            replaced_embeddings=replaced,
+            grammar=self.compile_structured_output(params))  # a refused grammar is a RequestError
+
+    @staticmethod
+    def _check_seeds(params: SamplingParams) -> None:
+        """Each choice's generator takes a seed in [0, 2^64): an int seed gives
+        choice i seed + i, so the last choice's must fit too; a list, each entry."""
+        if params.seed is None:
+            return
+        bad = [i for i in range(params.n) if not 0 <= params.seed_for_choice(i) < 1 << 64]
+        if not bad:
+            return
+        if isinstance(params.seed, list):
+            raise RequestError(f"`seed` entries must be in [0, 2^64 - 1]; entry {bad[0]} is not", "seed")
+        raise RequestError(f"`seed` must be in [0, 2^64 - 1], and so must seed + n - 1 (choice i "
+                           f"samples with seed + i): {params.seed} with n = {params.n} is not", "seed")
 
     def _max_output_tokens(self, num_prompt: int, params: SamplingParams) -> int:
         if params.max_tokens is not None:
@@ -206,38 +238,40 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     embedding_to_replace: list[float] | None = None,
                     token_index_to_replace: list[int] | None = None) -> None:
+        """Validate and add, on the calling thread (the offline path: `generate`, tests)."""
+        self.add_validated(request_id, self.validate(prompt_token_ids, params, embedding_to_replace,
+                                                     token_index_to_replace))
+
+    def add_validated(self, request_id: str, validated: ValidatedRequest) -> None:
+        """Queue a request `validate` accepted: no second validation, no grammar
+        compile (the engine thread never compiles). Every choice (request, generator,
+        detokenizer, grammar matcher) is built before any enters the scheduler, so a
+        failure raises with nothing left behind."""
         if request_id in self.groups:
             raise RequestError(f"request id {request_id!r} is already in flight", "request_id")
-        self.validate(prompt_token_ids, params, embedding_to_replace, token_index_to_replace)
-        num_prompt = len(prompt_token_ids)
-        replaced = {}
-        if token_index_to_replace:
-            vectors = torch.tensor(embedding_to_replace, dtype=torch.float32).view(
-                len(token_index_to_replace), self.hidden_size)
-            replaced = dict(zip(token_index_to_replace, vectors))
-        eos = frozenset(params.eos_token) if params.eos_token is not None else self.tokenizer.eos_token_ids
-        min_output = params.min_tokens
-        if params.min_total_tokens is not None:
-            min_output = max(0, params.min_total_tokens - num_prompt)
-        compiled = self.compile_structured_output(params)  # cached by validate
-        group = []
+        v, params = validated, validated.params
+        group: list[Request] = []
+        detokenizers: list[IncrementalDetokenizer] = []
         for i in range(params.n):
             seed = params.seed_for_choice(i)
             request = Request(
                 request_id=f"{request_id}#{i}", group_id=request_id, choice_index=i,
-                prompt_token_ids=list(prompt_token_ids), params=params,
+                prompt_token_ids=v.prompt_token_ids, params=params,
                 seed=seed if seed is not None else random.getrandbits(31),
-                eos_token_ids=eos, max_output_tokens=self._max_output_tokens(num_prompt, params),
-                min_output_tokens=min_output, replaced_embeddings=replaced,
+                eos_token_ids=v.eos_token_ids, max_output_tokens=v.max_output_tokens,
+                min_output_tokens=v.min_output_tokens, replaced_embeddings=v.replaced_embeddings,
                 forced_token_ids=list(params.forced_output_tokens or []),
                 prefix_source=group[0] if group and self.config.enable_prefix_caching else None)
-            if compiled is not None:
-                request.grammar = self.structured_outputs.matcher(compiled, eos)
+            if v.grammar is not None:
+                request.grammar = self.structured_outputs.matcher(v.grammar, v.eos_token_ids)
             group.append(request)
-            self.detokenizers[request.request_id] = IncrementalDetokenizer(
-                self.tokenizer, prompt_token_ids, params.stop, params.skip_special_tokens)
-            self.scheduler.add(request)
+            detokenizers.append(IncrementalDetokenizer(
+                self.tokenizer, v.prompt_token_ids, params.stop, params.skip_special_tokens))
+        # Nothing above touched engine state; nothing below can fail.
         self.groups[request_id] = group
+        for request, detokenizer in zip(group, detokenizers):
+            self.detokenizers[request.request_id] = detokenizer
+            self.scheduler.add(request)
 
     def abort_request(self, request_id: str) -> None:
         for request in self.groups.pop(request_id, []):

@@ -4,6 +4,9 @@ A Friendli request with `n` choices becomes `n` engine requests (one per choice)
 that share a `group_id`. The scheduling rule lives on `num_computed_tokens`: it
 chases `num_tokens` (prompt + output so far); prefill, chunked prefill, prefix
 hits and recomputation after preemption are all that one rule.
+
+`ValidatedRequest` is a request as `LLMEngine.validate` hands it on: checked, with
+its grammar compiled, ready for the engine thread to build its choices from.
 """
 
 import enum
@@ -13,6 +16,20 @@ from dataclasses import dataclass, field
 import torch
 
 from amity.engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class ValidatedRequest:
+    """A request `LLMEngine.validate` accepted, with what adding it needs already
+    worked out, so that the engine thread only builds its choices from it."""
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_output_tokens: int
+    min_output_tokens: int
+    eos_token_ids: frozenset[int]  # params.eos_token, or the model's
+    replaced_embeddings: dict[int, torch.Tensor]  # {prompt position: input embedding}
+    grammar: object | None  # the compiled grammar (structured_output); None when unconstrained
 
 
 class RequestStatus(enum.Enum):

@@ -5,6 +5,7 @@ engine with no prefix caching and no budget pressure: batching, chunking, prefix
 hits, eviction and preemption must not change a single greedy token.
 """
 
+import dataclasses
 import random
 
 import pytest
@@ -397,4 +398,45 @@ def test_forced_output_tokens_with_n_choices_sharing_the_prompt(make_engine, voc
     finals = run_finals(engine, {"n2": (prompt, SamplingParams(n=2, forced_output_tokens=forced, **GREEDY))})
     assert [c.token_ids for c in finals["n2"].ordered_choices] == [forced, forced]
     assert [c.finish_reason for c in finals["n2"].ordered_choices] == ["stop", "stop"]
+    assert_all_blocks_free(engine)
+
+
+def test_out_of_range_seeds_are_refused_naming_the_field(make_engine, vocab_size):
+    """Issue 13 (defect 1): `n: 2, seed: 2^64 - 1` seeded choice 1 with 2^64, which
+    torch's generator refuses, after choice 0 was already queued: the orphan broke
+    every later step. Seeds are checked up front, as a RequestError on `seed`."""
+    engine = make_engine()
+    (p,) = prompts(1, [5], vocab_size, seed=15)
+    top = 2 ** 64 - 1
+    for params in (SamplingParams(n=2, temperature=1.0, seed=top, max_tokens=3),
+                   SamplingParams(n=2, temperature=0.0, seed=top, max_tokens=3),  # greedy too
+                   SamplingParams(n=3, temperature=1.0, seed=[1, 2 ** 64, 3], max_tokens=3),
+                   SamplingParams(temperature=1.0, seed=-1, max_tokens=3)):
+        with pytest.raises(RequestError) as err:
+            engine.add_request("bad-seed", p, params)
+        assert err.value.field == "seed"
+        assert not engine.has_unfinished_requests() and not engine.detokenizers
+    # The last seeds that fit are served, and reported.
+    (ok,) = engine.generate([p], SamplingParams(n=2, temperature=1.0, seed=top - 1, max_tokens=3,
+                                                eos_token=[]))
+    assert [c.seed for c in ok.ordered_choices] == [top - 1, top]
+    assert all(len(c.token_ids) == 3 for c in ok.ordered_choices)
+    assert_all_blocks_free(engine)
+
+
+def test_a_choice_that_fails_to_build_leaves_nothing_behind(make_engine, vocab_size):
+    """Issue 13 (defect 1): add is atomic. Validation no longer lets a bad seed
+    through, so the failure is made past it: choice 1's generator refuses its seed."""
+    engine = make_engine()
+    (p,) = prompts(1, [5], vocab_size, seed=16)
+    validated = engine.validate(p, SamplingParams(n=2, temperature=1.0, seed=[1, 2], max_tokens=3))
+    unbuildable = dataclasses.replace(
+        validated, params=SamplingParams(n=2, temperature=1.0, seed=[1, 2 ** 64], max_tokens=3))
+    with pytest.raises(ValueError) as err:  # torch's own refusal
+        engine.add_validated("orphan?", unbuildable)
+    assert not isinstance(err.value, RequestError)
+    assert not engine.groups and not engine.detokenizers and not engine.scheduler.has_work()
+    engine.add_validated("fine", validated)
+    while engine.has_unfinished_requests():
+        engine.step()
     assert_all_blocks_free(engine)
