@@ -96,6 +96,7 @@ class LLMEngine:
         self.groups: dict[str, list[Request]] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.num_steps = 0
+        self.last_step_scheduled = False  # see step()
         self._generate_ids = itertools.count()
         self._structured: structured_output.StructuredOutputCompiler | None = None
         self._structured_lock = threading.Lock()
@@ -175,10 +176,7 @@ class LLMEngine:
             raise RequestError(
                 f"the prompt ({num_prompt} tokens) plus the requested output ({num_output} tokens) "
                 f"exceeds the context length {limit}; lower `max_tokens` or shorten the prompt", output_field)
-        capacity = self.num_blocks * self.block_size
-        if num_prompt + num_output > capacity:
-            raise RequestError(f"the request needs {num_prompt + num_output} tokens of KV cache but the "
-                               f"server holds {capacity}; lower `max_tokens`", "max_tokens")
+        self._check_fits_kv_pool(num_prompt, num_output, output_field)
         if params.min_total_tokens is not None and params.min_total_tokens > num_prompt + num_output:
             raise RequestError("`min_total_tokens` exceeds the most tokens this request may reach",
                                "min_total_tokens")
@@ -226,6 +224,21 @@ class LLMEngine:
             raise RequestError(f"`seed` entries must be in [0, 2^64 - 1]; entry {bad[0]} is not", "seed")
         raise RequestError(f"`seed` must be in [0, 2^64 - 1], and so must seed + n - 1 (choice i "
                            f"samples with seed + i): {params.seed} with n = {params.n} is not", "seed")
+
+    def _check_fits_kv_pool(self, num_prompt: int, num_output: int, output_field: str) -> None:
+        """Refuse what could never be scheduled: a choice holding more KV blocks than
+        the whole pool would wait forever. The last output token is sampled, never
+        computed, so a choice's K/V peaks at prompt + output - 1 tokens. The n choices
+        of a request need not fit together: preemption only ever takes the most
+        recently admitted request, so the oldest always runs to its end alone."""
+        capacity = self.num_blocks * self.block_size
+        if num_prompt > capacity:  # whatever the output (the default one is then negative)
+            raise RequestError(f"the prompt has {num_prompt} tokens but the server's KV cache holds "
+                               f"{capacity}; shorten the prompt", "prompt")
+        num_tokens = num_prompt + max(num_output, 1) - 1
+        if -(-num_tokens // self.block_size) > self.num_blocks:
+            raise RequestError(f"the request needs {num_tokens} tokens of KV cache but the server "
+                               f"holds {capacity}; lower `{output_field}`", output_field)
 
     def _max_output_tokens(self, num_prompt: int, params: SamplingParams) -> int:
         if params.max_tokens is not None:
@@ -285,7 +298,13 @@ class LLMEngine:
     # -- the step -----------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """Run one step; the outputs of the choices that moved. An empty list does
+        not mean nothing ran (a prefill chunk emits nothing): `last_step_scheduled`
+        says. False with requests unfinished means none can run until a request is
+        added or aborted, so a driving loop waits for its next command instead of
+        stepping again."""
         plan = self.scheduler.schedule()
+        self.last_step_scheduled = bool(plan.scheduled)
         if not plan.scheduled:
             return []
         result = self.runner.execute(plan)

@@ -440,3 +440,41 @@ def test_a_choice_that_fails_to_build_leaves_nothing_behind(make_engine, vocab_s
     while engine.has_unfinished_requests():
         engine.step()
     assert_all_blocks_free(engine)
+
+
+def test_a_request_larger_than_the_kv_pool_is_refused(make_engine, vocab_size):
+    """Issue 13 (defect 3): a prompt longer than the whole KV pool, with no
+    `max_tokens`, passed validation (its default output went negative) and then
+    waited forever, the engine loop spinning. Checked in blocks: a choice's K/V
+    peaks at prompt + output - 1 tokens (the last token is never computed)."""
+    engine = make_engine(block_size=4, kv_cache_memory=str(10 * 2048))
+    capacity = engine.num_blocks * engine.block_size
+    assert capacity == 40 and engine.max_model_len > capacity
+    (p,) = prompts(1, [capacity + 5], vocab_size, seed=18)
+    with pytest.raises(RequestError) as err:
+        engine.add_request("prompt", p, SamplingParams(temperature=0.0, eos_token=[]))
+    assert err.value.field == "prompt"
+    with pytest.raises(RequestError) as err:
+        engine.add_request("output", p[:10], SamplingParams(max_tokens=capacity - 8, **GREEDY))
+    assert err.value.field == "max_tokens"
+    with pytest.raises(RequestError) as err:
+        engine.add_request("forced", p[:10], SamplingParams(forced_output_tokens=p[:capacity - 8], **GREEDY))
+    assert err.value.field == "forced_output_tokens"
+    assert not engine.has_unfinished_requests()
+    # Exactly the pool, two choices that cannot both fit: served, one after the other.
+    (ok,) = engine.generate([p[:10]], SamplingParams(n=2, max_tokens=capacity - 9, **GREEDY))
+    assert [len(c.token_ids) for c in ok.ordered_choices] == [capacity - 9] * 2
+    assert_all_blocks_free(engine)
+
+
+def test_step_says_whether_it_scheduled_anything(make_engine, vocab_size):
+    """Issue 13 (defect 3): an empty output list is no idle signal (a prefill chunk
+    emits nothing); `last_step_scheduled` is, for a loop that must wait, not spin."""
+    engine = make_engine(max_num_batched_tokens=8)
+    (p,) = prompts(1, [20], vocab_size, seed=19)
+    engine.add_request("chunked", p, SamplingParams(max_tokens=2, **GREEDY))
+    assert engine.step() == [] and engine.last_step_scheduled  # the first chunk of three
+    while engine.has_unfinished_requests():
+        engine.step()
+        assert engine.last_step_scheduled
+    assert engine.step() == [] and not engine.last_step_scheduled
