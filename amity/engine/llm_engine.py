@@ -337,7 +337,8 @@ class LLMEngine:
                 index=request.choice_index, new_token_ids=tokens,
                 new_text=detok.take_new_text(request.is_finished), new_logprobs=logprobs,
                 finish_reason=request.status.value if request.is_finished else None,
-                seed=request.seed, num_output_tokens=request.num_output_tokens))
+                seed=request.seed, num_output_tokens=request.num_output_tokens,
+                stop_reason=request.stop_reason))
         return [self._group_output(group_id, outs) for group_id, outs in touched_groups.items()]
 
     def _sample(self, result, indices: list[int]) -> list[tuple[Request, int, TokenLogprob | None]]:
@@ -392,8 +393,10 @@ class LLMEngine:
                 return RequestStatus.FINISHED_STOPPED
             for seq in request.params.stop_tokens:  # matched within the output only
                 if len(seq) <= num_output and tokens[-len(seq):] == seq:
+                    request.stop_reason = tuple(seq)
                     return RequestStatus.FINISHED_STOPPED
             if stop_string is not None:
+                request.stop_reason = stop_string
                 return RequestStatus.FINISHED_STOPPED
         if request.num_output_tokens >= request.max_output_tokens or request.num_tokens >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH

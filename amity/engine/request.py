@@ -86,6 +86,7 @@ class Request:
     # grammar refused a sampled token (the output then ends as `length`).
     grammar: object | None = None
     grammar_failed: bool = False
+    stop_reason: str | tuple[int, ...] | None = None  # see outputs.CompletionOutput
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.prompt_token_ids)

@@ -478,3 +478,23 @@ def test_step_says_whether_it_scheduled_anything(make_engine, vocab_size):
         engine.step()
         assert engine.last_step_scheduled
     assert engine.step() == [] and not engine.last_step_scheduled
+
+
+def test_the_stop_reason_names_the_stop_that_matched(make_engine, loaded, vocab_size):
+    """Issue 13 (boundary): which stop ended a choice, so /v1/messages can fill
+    `stop_sequence` without decoding tokens again: the string, or the token sequence."""
+    engine = make_engine()
+    (p,) = prompts(1, [6], vocab_size, seed=20)
+    (free,) = engine.generate([p], SamplingParams(max_tokens=12, **GREEDY))
+    ids = free.ordered_choices[0].token_ids
+    assert free.ordered_choices[0].stop_reason is None  # length
+    (by_tokens,) = engine.generate([p], SamplingParams(max_tokens=12, stop_tokens=[[ids[3], ids[4]]],
+                                                       **GREEDY))
+    choice = by_tokens.ordered_choices[0]
+    assert choice.finish_reason == "stop" and choice.stop_reason == (ids[3], ids[4])
+    assert choice.token_ids[-2:] == ids[3:5]
+    text = loaded.tokenizer.decode(ids)
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    (by_string,) = engine.generate([p], SamplingParams(max_tokens=12, stop=["\x00never", stop], **GREEDY))
+    assert by_string.ordered_choices[0].finish_reason == "stop"
+    assert by_string.ordered_choices[0].stop_reason == stop
