@@ -279,7 +279,9 @@ class LLMEngine:
                 request.grammar = self.structured_outputs.matcher(v.grammar, v.eos_token_ids)
             group.append(request)
             detokenizers.append(IncrementalDetokenizer(
-                self.tokenizer, v.prompt_token_ids, params.stop, params.skip_special_tokens))
+                self.tokenizer, v.prompt_token_ids,
+                [] if params.forced_output_tokens else params.stop,  # forced output never stops early
+                params.skip_special_tokens, v.min_output_tokens))
         # Nothing above touched engine state; nothing below can fail.
         self.groups[request_id] = group
         for request, detokenizer in zip(group, detokenizers):

@@ -498,3 +498,44 @@ def test_the_stop_reason_names_the_stop_that_matched(make_engine, loaded, vocab_
     (by_string,) = engine.generate([p], SamplingParams(max_tokens=12, stop=["\x00never", stop], **GREEDY))
     assert by_string.ordered_choices[0].finish_reason == "stop"
     assert by_string.ordered_choices[0].stop_reason == stop
+
+
+def test_min_tokens_with_a_stop_string_keeps_text_equal_to_tokens(make_engine, loaded, vocab_size):
+    """Issue 13 (defect 4): a stop string seen before `min_tokens` cut the text while
+    the engine kept generating, so `text` no longer matched `tokens`. Stops before
+    min_tokens are not matched at all; for every choice the text is the tokens'
+    text, cut just before the stop only when it finished on it."""
+    engine = make_engine()
+    tok = loaded.tokenizer
+
+    def detokenize(prompt, tokens):  # as the detokenizer sees them: after the prompt's text
+        return tok.decode(prompt + tokens)[len(tok.decode(prompt)):].rstrip("\ufffd")
+    # A prompt whose greedy text shows a printable stop within 4 tokens, long before min_tokens.
+    for seed in range(21, 80):
+        (p,) = prompts(1, [6], vocab_size, seed=seed)
+        (free,) = engine.generate([p], SamplingParams(max_tokens=24, **GREEDY))
+        early = detokenize(p, free.ordered_choices[0].token_ids[:4])
+        windows = [early[i:i + 2] for i in range(len(early) - 1)]
+        stop = next((w for w in windows if w.isascii() and w.isprintable() and w.strip()), None)
+        if stop:
+            break
+    else:
+        pytest.skip("no greedy text with a printable stop early")
+    min_tokens = 10
+    params = [SamplingParams(max_tokens=24, min_tokens=min_tokens, stop=[stop], **GREEDY),
+              SamplingParams(n=4, temperature=1.0, seed=5, max_tokens=24, min_tokens=min_tokens,
+                             stop=[stop], eos_token=[])]
+    for out in engine.generate([p, p], params[0]) + engine.generate([p], params[1]):
+        for c in out.ordered_choices:
+            full = detokenize(p, c.token_ids)  # a trailing incomplete character is held back
+            assert len(c.token_ids) > min_tokens
+            if c.finish_reason == "stop":
+                assert full.startswith(c.text + stop)
+                # It ended on that stop: the stop ends in the last token's text, after min_tokens.
+                assert len(c.text + stop) > len(detokenize(p, c.token_ids[:-1]))
+                assert len(c.text + stop) > len(detokenize(p, c.token_ids[:min_tokens]))
+            else:
+                assert c.text == full and len(c.token_ids) == 24
+    greedy = engine.generate([p], params[0])[0].ordered_choices[0]
+    assert greedy.text.startswith(early)  # the early occurrence stays in the text
+    assert_all_blocks_free(engine)
