@@ -26,7 +26,9 @@ bearer = HTTPBearer(auto_error=False, description="A Suite token (`amity admin c
 
 def db(request: Request):
     """One session per request, committed when the route returns without an error (or
-    with an ApiError that says its changes stand, such as a FAILED verification)."""
+    with an ApiError that says its changes stand, such as a FAILED verification).
+    Used with `scope="function"`: the commit happens before the response is sent, so a
+    client's next request sees it."""
     session = request.app.state.sessions()
     try:
         yield session
@@ -55,7 +57,7 @@ def _unauthorized(msg: str) -> ApiError:
 def caller(
     credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
     x_friendli_team: str | None = Header(None, description="ID of team to run requests as."),
-    session: Session = Depends(db),
+    session: Session = Depends(db, scope="function"),
 ) -> Caller:
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise _unauthorized("send `Authorization: Bearer <token>`")

@@ -25,7 +25,7 @@ def _escape_like(text: str) -> str:
 @router.post("/beta/dataset", response_model=s.DatasetInfo, summary="Create a new dataset",
              operation_id="create_dataset")
 def create_dataset(body: s.CreateDatasetRequest, who: Caller = Depends(caller),
-                   session: Session = Depends(db)):
+                   session: Session = Depends(db, scope="function")):
     project = team_project(session, who, body.projectId, ("body", "projectId"))
     now = now_s()
     dataset = Dataset(id=new_id("ds"), project_id=project.id, name=body.name,
@@ -39,7 +39,7 @@ def create_dataset(body: s.CreateDatasetRequest, who: Caller = Depends(caller),
             operation_id="list_datasets")
 def list_datasets(projectId: Name = Query(...), nameSearch: Name | None = Query(None),
                   page: Page = Depends(page_params), who: Caller = Depends(caller),
-                  session: Session = Depends(db)):
+                  session: Session = Depends(db, scope="function")):
     project = team_project(session, who, projectId, ("query", "projectId"))
     query = select(Dataset).where(Dataset.project_id == project.id)
     if nameSearch:
@@ -51,14 +51,14 @@ def list_datasets(projectId: Name = Query(...), nameSearch: Name | None = Query(
 @router.get("/beta/dataset/{dataset_id}", response_model=s.DatasetInfo,
             summary="Get dataset info", operation_id="get_dataset")
 def get_dataset(dataset_id: Name = DatasetId, who: Caller = Depends(caller),
-                session: Session = Depends(db)):
+                session: Session = Depends(db, scope="function")):
     return dataset_info(team_dataset(session, who, dataset_id))
 
 
 @router.delete("/beta/dataset/{dataset_id}", response_model=dict, summary="Delete dataset",
                operation_id="delete_dataset")
 def delete_dataset(dataset_id: Name = DatasetId, who: Caller = Depends(caller),
-                   session: Session = Depends(db)):
+                   session: Session = Depends(db, scope="function")):
     dataset = team_dataset(session, who, dataset_id)
     session.execute(delete(Dataset).where(Dataset.pk == dataset.pk))
     return {}
@@ -71,7 +71,7 @@ def _version_info(version: Version) -> s.VersionInfo:
 @router.post("/beta/dataset/{dataset_id}/version", response_model=s.VersionInfo,
              summary="Create a version", operation_id="create_version")
 def create_version(dataset_id: Name = DatasetId, comment: Text = Query(...),
-                   who: Caller = Depends(caller), session: Session = Depends(db)):
+                   who: Caller = Depends(caller), session: Session = Depends(db, scope="function")):
     dataset = team_dataset(session, who, dataset_id)
     version = Version(id=new_id("ver"), dataset_pk=dataset.pk, comment=comment,
                       created_at=now_s())
@@ -91,7 +91,7 @@ def create_version(dataset_id: Name = DatasetId, comment: Text = Query(...),
 @router.get("/beta/dataset/{dataset_id}/version", response_model=s.ListVersionsResponse,
             summary="List versions", operation_id="list_versions")
 def list_versions(dataset_id: Name = DatasetId, who: Caller = Depends(caller),
-                  session: Session = Depends(db)):
+                  session: Session = Depends(db, scope="function")):
     dataset = team_dataset(session, who, dataset_id)
     versions = session.scalars(select(Version).where(Version.dataset_pk == dataset.pk)
                                .order_by(Version.pk))
@@ -102,7 +102,7 @@ def list_versions(dataset_id: Name = DatasetId, who: Caller = Depends(caller),
             summary="Get version info", operation_id="get_version")
 def get_version(dataset_id: Name = DatasetId,
                 version_id: Name = Path(description="ID of the version to get."),
-                who: Caller = Depends(caller), session: Session = Depends(db)):
+                who: Caller = Depends(caller), session: Session = Depends(db, scope="function")):
     dataset = team_dataset(session, who, dataset_id)
     return _version_info(dataset_version(session, dataset, version_id, ("path", "version_id")))
 
@@ -111,7 +111,7 @@ def get_version(dataset_id: Name = DatasetId,
                summary="Delete a version", operation_id="delete_version")
 def delete_version(dataset_id: Name = DatasetId,
                    version_id: Name = Path(description="ID of the version to delete."),
-                   who: Caller = Depends(caller), session: Session = Depends(db)):
+                   who: Caller = Depends(caller), session: Session = Depends(db, scope="function")):
     dataset = team_dataset(session, who, dataset_id)
     version = dataset_version(session, dataset, version_id, ("path", "version_id"))
     session.execute(delete(Version).where(Version.pk == version.pk))

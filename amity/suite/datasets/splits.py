@@ -31,8 +31,9 @@ MAX_SAMPLES_PER_CALL = 10_000
 MAX_SAMPLE_ID = 2**31 - 1
 
 
-def _split_info(split) -> s.SplitInfo:
-    return s.SplitInfo(id=getattr(split, "split_id", split.id), name=split.name,
+def _split_info(split: Split | VersionSplit) -> s.SplitInfo:
+    return s.SplitInfo(id=split.split_id if isinstance(split, VersionSplit) else split.id,
+                       name=split.name,
                        createdAt=split.created_at, updatedAt=split.updated_at)
 
 
@@ -40,7 +41,7 @@ def _split_info(split) -> s.SplitInfo:
              responses={409: {"description": "The dataset has a split of that name."}},
              summary="Create a split", operation_id="create_split")
 def create_split(dataset_id: Name = DatasetId, name: Name = Query(...),
-                 who: Caller = Depends(caller), session: Session = Depends(db)):
+                 who: Caller = Depends(caller), session: Session = Depends(db, scope="function")):
     dataset = team_dataset(session, who, dataset_id)
     if session.scalar(select(Split).where(Split.dataset_pk == dataset.pk, Split.name == name)):
         raise ApiError(409, f"the dataset has a split named {name!r} already",
@@ -58,7 +59,7 @@ def create_split(dataset_id: Name = DatasetId, name: Name = Query(...),
             summary="List splits", operation_id="list_splits")
 def list_splits(dataset_id: Name = DatasetId, versionId: Name | None = Query(None),
                 page: Page = Depends(page_params), who: Caller = Depends(caller),
-                session: Session = Depends(db)):
+                session: Session = Depends(db, scope="function")):
     dataset = team_dataset(session, who, dataset_id)
     if versionId:
         version = dataset_version(session, dataset, versionId, ("query", "versionId"))
@@ -72,14 +73,14 @@ def list_splits(dataset_id: Name = DatasetId, versionId: Name | None = Query(Non
 @router.get("/beta/dataset/{dataset_id}/split/{split_id}", response_model=s.SplitInfo,
             summary="Get split info", operation_id="get_split")
 def get_split(dataset_id: Name = DatasetId, split_id: Name = SplitId,
-              who: Caller = Depends(caller), session: Session = Depends(db)):
+              who: Caller = Depends(caller), session: Session = Depends(db, scope="function")):
     return _split_info(dataset_split(session, team_dataset(session, who, dataset_id), split_id))
 
 
 @router.delete("/beta/dataset/{dataset_id}/split/{split_id}", response_model=dict,
                summary="Delete split", operation_id="delete_split")
 def delete_split(dataset_id: Name = DatasetId, split_id: Name = SplitId,
-                 who: Caller = Depends(caller), session: Session = Depends(db)):
+                 who: Caller = Depends(caller), session: Session = Depends(db, scope="function")):
     dataset = team_dataset(session, who, dataset_id)
     split = dataset_split(session, dataset, split_id)
     session.execute(delete(Split).where(Split.pk == split.pk))
@@ -122,7 +123,7 @@ def _store_samples(request: Request, session: Session, who: Caller, dataset: Dat
              operation_id="add_samples")
 def add_samples(request: Request, dataset_id: Name = DatasetId, split_id: Name = SplitId,
                 samples: list[Text] = Body(..., max_length=MAX_SAMPLES_PER_CALL),
-                who: Caller = Depends(caller), session: Session = Depends(db)):
+                who: Caller = Depends(caller), session: Session = Depends(db, scope="function")):
     dataset = team_dataset(session, who, dataset_id)
     split = dataset_split(session, dataset, split_id)
     return _store_samples(request, session, who, dataset, split, samples, "samples")
@@ -133,7 +134,7 @@ def add_samples(request: Request, dataset_id: Name = DatasetId, split_id: Name =
             operation_id="list_samples")
 def list_samples(dataset_id: Name = DatasetId, split_id: Name = SplitId,
                  versionId: Name | None = Query(None), page: Page = Depends(page_params),
-                 who: Caller = Depends(caller), session: Session = Depends(db)):
+                 who: Caller = Depends(caller), session: Session = Depends(db, scope="function")):
     dataset = team_dataset(session, who, dataset_id)
     if versionId:
         version = dataset_version(session, dataset, versionId, ("query", "versionId"))
@@ -193,7 +194,7 @@ class _SpooledUpload:
                              "description": "File to update samples."}}}}}}})
 async def upload_raw_samples(request: Request, dataset_id: Name = DatasetId,
                              split_id: Name = SplitId, who: Caller = Depends(caller),
-                             session: Session = Depends(db)):
+                             session: Session = Depends(db, scope="function")):
     dataset = team_dataset(session, who, dataset_id)
     split = dataset_split(session, dataset, split_id)
     upload = _SpooledUpload(request.app.state.max_file_bytes)
@@ -229,7 +230,7 @@ def _bare_id(dataset: Dataset, split: Split, ident) -> int:
              operation_id="delete_samples")
 def delete_samples(dataset_id: Name = DatasetId, split_id: Name = SplitId,
                    sample_ids: list[Name | int] = Body(..., max_length=MAX_SAMPLES_PER_CALL),
-                   who: Caller = Depends(caller), session: Session = Depends(db)):
+                   who: Caller = Depends(caller), session: Session = Depends(db, scope="function")):
     dataset = team_dataset(session, who, dataset_id)
     split = dataset_split(session, dataset, split_id)
     wanted = []

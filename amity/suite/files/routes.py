@@ -50,7 +50,7 @@ def _team_file(session: Session, who: Caller, file_id: str) -> File:
                               "description": "The file is uploaded already."}},
              summary="Initiate file upload", operation_id="init_upload")
 def init_upload(request: Request, body: s.FileInitUploadRequest,
-                who: Caller = Depends(caller), session: Session = Depends(db)):
+                who: Caller = Depends(caller), session: Session = Depends(db, scope="function")):
     project = team_project(session, who, body.projectId, ("body", "projectId"))
     limit = request.app.state.max_file_bytes
     if body.size > limit:
@@ -77,7 +77,7 @@ def init_upload(request: Request, body: s.FileInitUploadRequest,
 @router.patch("/beta/file/{file_id}", response_model=dict,
               summary="Complete file upload", operation_id="complete_upload")
 def complete_upload(request: Request, file_id: FileId = Path(description="File ID"),
-                    who: Caller = Depends(caller), session: Session = Depends(db)):
+                    who: Caller = Depends(caller), session: Session = Depends(db, scope="function")):
     file = _team_file(session, who, file_id)
     status = _status(file)
     if status == "UPLOADED":
@@ -103,7 +103,7 @@ def complete_upload(request: Request, file_id: FileId = Path(description="File I
 @router.get("/beta/file/{file_id}", response_model=s.FileInfo,
             summary="Get file info", operation_id="get_info")
 def get_info(file_id: FileId = Path(description="File ID"), who: Caller = Depends(caller),
-             session: Session = Depends(db)):
+             session: Session = Depends(db, scope="function")):
     file = _team_file(session, who, file_id)
     return s.FileInfo(id=file.id, name=file.name, size=file.size, digest=file.digest,
                       projectId=file.project_id, creatorId=file.creator_id,
@@ -115,7 +115,7 @@ def get_info(file_id: FileId = Path(description="File ID"), who: Caller = Depend
 @router.get("/beta/file/{file_id}/download_url", response_model=s.FileGetDownloadUrlResponse,
             summary="Get file download URL", operation_id="get_download_url")
 def get_download_url(request: Request, file_id: FileId = Path(description="File ID"),
-                     who: Caller = Depends(caller), session: Session = Depends(db)):
+                     who: Caller = Depends(caller), session: Session = Depends(db, scope="function")):
     file = _team_file(session, who, file_id)
     status = _status(file)
     if status != "UPLOADED":
