@@ -10,6 +10,7 @@ import json
 import tempfile
 
 from fastapi import APIRouter, Body, Depends, Path, Query, Request
+from pydantic import StrictInt
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
@@ -229,7 +230,7 @@ def _bare_id(dataset: Dataset, split: Split, ident) -> int:
              response_model=s.DeleteSamplesResponse, summary="Delete samples",
              operation_id="delete_samples")
 def delete_samples(dataset_id: Name = DatasetId, split_id: Name = SplitId,
-                   sample_ids: list[Name | int] = Body(..., max_length=MAX_SAMPLES_PER_CALL),
+                   sample_ids: list[Name | StrictInt] = Body(..., max_length=MAX_SAMPLES_PER_CALL),
                    who: Caller = Depends(caller), session: Session = Depends(db, scope="function")):
     dataset = team_dataset(session, who, dataset_id)
     split = dataset_split(session, dataset, split_id)
