@@ -12,7 +12,7 @@ from amity.config import StoreConfig, SuiteConfig, parse_memory
 from amity.suite.accounts import bootstrap
 from amity.suite.datasets import routes as dataset_routes
 from amity.suite.datasets import splits as split_routes
-from amity.suite.errors import ApiError, install_error_handlers
+from amity.suite.errors import COMMON_ERRORS, ApiError, install_error_handlers
 from amity.suite.files import routes as file_routes
 from amity.suite.files import transfer
 from amity.suite.files.local import LocalStore
@@ -58,8 +58,9 @@ def build_app(config: SuiteConfig, sessions: sessionmaker[Session], objects: Obj
     app.state.objects = objects
     app.state.max_file_bytes = parse_memory(config.max_file_size, 0)
     install_error_handlers(app)
-    for module in (file_routes, dataset_routes, split_routes, transfer):
-        app.include_router(module.router)
+    for module in (file_routes, dataset_routes, split_routes):
+        app.include_router(module.router, responses=COMMON_ERRORS)
+    app.include_router(transfer.router)
 
     @app.get("/health", tags=["Health"])
     def health():

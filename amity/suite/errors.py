@@ -8,9 +8,29 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("amity.suite")
+
+
+class ErrorItem(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ErrorBody(BaseModel):
+    detail: list[ErrorItem]
+
+
+# Declared on every authenticated route, so the OpenAPI document (and its clients)
+# know them; 422 is FastAPI's own.
+COMMON_ERRORS = {
+    401: {"model": ErrorBody, "description": "No token, or not a valid one."},
+    403: {"model": ErrorBody, "description": "`X-Friendli-Team` names a team you are not in."},
+    404: {"model": ErrorBody, "description": "No such resource in this team."},
+}
 
 
 class ApiError(Exception):

@@ -130,6 +130,7 @@ def test_tampered_download_urls_are_403(suite):
     assert c.get(f"{parts.path}?expires={later}&signature={query['signature']}").status_code == 403
     assert c.get(f"{parts.path}?expires={query['expires']}&signature={'f' * 64}").status_code == 403
     assert c.get(parts.path).status_code == 422  # unsigned
+    assert c.get(f"{parts.path}?expires=\u00e0&signature=\u00a0").status_code == 403  # not ASCII
     assert c.get(url).content == DATA
 
 

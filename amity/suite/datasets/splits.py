@@ -18,7 +18,7 @@ from amity.suite.auth import Caller, caller, db
 from amity.suite.datasets import schemas as s
 from amity.suite.datasets.lookup import dataset_split, dataset_version, team_dataset
 from amity.suite.datasets.samples import WORKING_COPY, check_sample, from_raw_row, full_id
-from amity.suite.errors import ApiError, not_found
+from amity.suite.errors import ApiError, ErrorBody, not_found
 from amity.suite.files.multipart import read_form
 from amity.suite.pagination import Page, page_params
 from amity.suite.store.models import (Dataset, File, Project, Sample, Split, VersionSample,
@@ -39,7 +39,8 @@ def _split_info(split: Split | VersionSplit) -> s.SplitInfo:
 
 
 @router.post("/beta/dataset/{dataset_id}/split", response_model=s.SplitInfo,
-             responses={409: {"description": "The dataset has a split of that name."}},
+             responses={409: {"model": ErrorBody,
+                              "description": "The dataset has a split of that name."}},
              summary="Create a split", operation_id="create_split")
 def create_split(dataset_id: Name = DatasetId, name: Name = Query(...),
                  who: Caller = Depends(caller), session: Session = Depends(db, scope="function")):

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from amity.suite.auth import Caller, caller, db, team_project
-from amity.suite.errors import ApiError, not_found
+from amity.suite.errors import ApiError, ErrorBody, not_found
 from amity.suite.files import schemas as s
 from amity.suite.files.objects import object_key, s3_uri
 from amity.suite.store.models import File, Project, new_id
@@ -113,6 +113,7 @@ def get_info(file_id: FileId = Path(description="File ID"), who: Caller = Depend
 
 
 @router.get("/beta/file/{file_id}/download_url", response_model=s.FileGetDownloadUrlResponse,
+            responses={409: {"model": ErrorBody, "description": "The file is not UPLOADED."}},
             summary="Get file download URL", operation_id="get_download_url")
 def get_download_url(request: Request, file_id: FileId = Path(description="File ID"),
                      who: Caller = Depends(caller), session: Session = Depends(db, scope="function")):

@@ -19,10 +19,12 @@ class Signer:
         self._key = key
 
     def sign(self, *parts: str) -> str:
-        return hmac.new(self._key, "\n".join(parts).encode(), hashlib.sha256).hexdigest()
+        message = "\n".join(parts).encode("utf-8", "replace")
+        return hmac.new(self._key, message, hashlib.sha256).hexdigest()
 
     def verify(self, signature: str, *parts: str) -> bool:
-        return hmac.compare_digest(self.sign(*parts), signature)
+        # As bytes: compare_digest refuses non-ASCII str (a TypeError, so a 500).
+        return hmac.compare_digest(self.sign(*parts).encode(), signature.encode("utf-8", "replace"))
 
 
 def signing_key(session: Session) -> bytes:

@@ -4,16 +4,16 @@ Neither takes a bearer token: the signature is the permission (as with S3)."""
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, Response
 
-from amity.suite.errors import ApiError
+from amity.suite.errors import ApiError, ErrorBody
 from amity.suite.files.local import Incoming, LocalStore
 from amity.suite.files.multipart import read_form
 
 router = APIRouter(tags=["Objects"])
 
-_ERRORS = {400: {"description": "More bytes than the policy allows."},
-           403: {"description": "Bad or expired signature."},
-           409: {"description": "The object is uploaded already."},
-           422: {"description": "Not a multipart form with a `file` part."}}
+_ERRORS = {400: {"model": ErrorBody, "description": "More bytes than the policy allows."},
+           403: {"model": ErrorBody, "description": "Bad or expired signature."},
+           409: {"model": ErrorBody, "description": "The object is uploaded already."},
+           422: {"model": ErrorBody, "description": "Not a multipart form with a `file` part."}}
 
 
 def _local(request: Request) -> LocalStore:
@@ -44,7 +44,8 @@ async def upload(request: Request) -> Response:
 
 
 @router.get("/objects/{key:path}", response_class=FileResponse,
-            responses={403: _ERRORS[403], 404: {"description": "No such object."}},
+            responses={403: _ERRORS[403],
+                       404: {"model": ErrorBody, "description": "No such object."}},
             summary="Download an object (signed, expiring URL)")
 def download(request: Request, key: str, expires: str = Query(...),
              signature: str = Query(...)) -> FileResponse:
