@@ -24,6 +24,13 @@ from amity.engine.sampling_params import MAX_CHOICES_PER_REQUEST, SamplingParams
     (dict(logprobs=21), "logprobs"),
     (dict(bad_word_tokens=[[]]), "bad_word_tokens"),
     (dict(stop_tokens=[[]]), "stop_tokens"),
+    (dict(temperature=float("inf")), "temperature"),
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(repetition_penalty=float("inf")), "repetition_penalty"),
+    (dict(min_p=float("nan")), "min_p"),
+    (dict(encoder_repetition_penalty=float("nan")), "encoder_repetition_penalty"),
+    (dict(logit_bias={3: float("-inf")}), "logit_bias"),
+    (dict(logit_bias={3: float("nan")}), "logit_bias"),
 ])
 def test_bad_values_are_refused_with_their_field(kwargs, field):
     with pytest.raises(RequestError) as error:
