@@ -152,5 +152,12 @@ class SamplingParams:
         if self.structured_output is not None and self.structured_output.constrains:
             check(not self.min_tokens and self.min_total_tokens is None, "min_tokens",
                   "is unsupported together with `response_format`; drop one of them")
+            what = self.structured_output.field
             check(self.forced_output_tokens is None, "forced_output_tokens",
-                  "cannot be combined with `response_format`; drop one of them")
+                  f"cannot be combined with `{what}`; drop one of them")
+            # A stop would end the output where the grammar may not end (a `}` cut off
+            # a JSON object): a finished constrained output must always be complete.
+            check(not self.stop, "stop", f"cannot be combined with `{what}`: the output "
+                  "ends where its grammar ends; drop `stop`")
+            check(not self.stop_tokens, "stop_tokens", f"cannot be combined with `{what}`: "
+                  "the output ends where its grammar ends; drop `stop_tokens`")

@@ -29,8 +29,15 @@ class InvalidRequest(Exception):
         self.type = type
 
     @classmethod
-    def from_request_error(cls, err: RequestError) -> "InvalidRequest":
-        return cls(err.message, [err.field] if err.field else [])
+    def from_request_error(cls, err: RequestError, wire_names: dict[str, str] | None = None
+                           ) -> "InvalidRequest":
+        """`wire_names` maps SamplingParams' names to an API's own (Messages:
+        `stop` is `stop_sequences`), so the error names the field the client sent."""
+        names = wire_names or {}
+        message = err.message
+        if err.field in names:
+            message = message.replace(f"`{err.field}`", f"`{names[err.field]}`")
+        return cls(message, [names.get(err.field, err.field)] if err.field else [])
 
     def detail(self) -> list[dict]:
         return [{"loc": self.loc, "msg": self.msg, "type": self.type}]
@@ -57,20 +64,22 @@ def check_num_choices(num_prompts: int, n: int) -> None:
         )
 
 
-def make_sampling_params(fields: dict) -> SamplingParams:
+def make_sampling_params(fields: dict, wire_names: dict[str, str] | None = None) -> SamplingParams:
     """`fields` uses SamplingParams' names; None values mean "the default"."""
     try:
         return SamplingParams(**{k: v for k, v in fields.items() if v is not None})
     except RequestError as err:
-        raise InvalidRequest.from_request_error(err) from None
+        raise InvalidRequest.from_request_error(err, wire_names) from None
 
 
-def with_structured_output(params: SamplingParams, spec: StructuredOutputSpec) -> SamplingParams:
-    """`params` constrained by `spec` (issue 5), revalidated (min_tokens is refused)."""
+def with_structured_output(params: SamplingParams, spec: StructuredOutputSpec,
+                           wire_names: dict[str, str] | None = None) -> SamplingParams:
+    """`params` constrained by `spec` (issue 5), revalidated (min_tokens and stops are
+    refused)."""
     try:
         return dataclasses.replace(params, structured_output=spec)
     except RequestError as err:
-        raise InvalidRequest.from_request_error(err) from None
+        raise InvalidRequest.from_request_error(err, wire_names) from None
 
 
 def check_token_ids(ids: list[int], vocab_size: int, loc: list[str | int]) -> None:

@@ -253,3 +253,28 @@ def test_anthropic_sdk_forced_tool_use_streaming(claude, model_name):
     for b in msg.content:
         assert b.type == "tool_use" and b.name == "get_time"
         jsonschema.validate(b.input, TIME)
+
+
+@pytest.mark.parametrize("path, body, field", [
+    ("/v1/completions", {"prompt": "A JSON object: ", "stop": ["}"],
+                         "response_format": {"type": "json_object"}}, "stop"),
+    ("/v1/completions", {"prompt": "A JSON object: ", "stop_tokens": [{"tokens": [95]}],
+                         "response_format": {"type": "json_object"}}, "stop_tokens"),
+    ("/v1/chat/completions", {"messages": ASK, "stop": ["}"],
+                              "response_format": {"type": "json_object"}}, "stop"),
+    ("/v1/chat/completions", {"messages": ASK, "stop": ["}"], "tools": TOOLS,
+                              "tool_choice": "required"}, "stop"),
+])
+def test_stops_with_a_grammar_are_422(http, path, body, field):
+    """A stop would end a constrained output where its grammar cannot end (`}` cut off
+    the object, yet finish_reason "stop"): the combination is refused."""
+    res = http.post(path, json=body | {"max_tokens": 32, "temperature": 0})
+    assert res.status_code == 422, res.text
+    assert res.json()["detail"][0]["loc"] == ["body", field], res.text
+
+
+def test_messages_stop_sequences_with_a_grammar_are_422(http):
+    res = http.post("/v1/messages", json={
+        "max_tokens": 32, "messages": ASK, "stop_sequences": ["}"],
+        "output_config": {"format": {"type": "json_schema", "schema": ITEM}}})
+    assert res.status_code == 422 and "stop_sequences" in res.json()["error"]["message"], res.text

@@ -76,6 +76,10 @@ def chat_messages(body: m.MessagesBody) -> list[dict]:
     return out
 
 
+# SamplingParams' names for the Messages fields that are called otherwise here.
+WIRE_NAMES = {"stop": "stop_sequences"}
+
+
 def translate(body: m.MessagesBody, state: ServerState):
     choice = body.tool_choice.type if body.tool_choice else "auto"
     tools = None
@@ -88,7 +92,7 @@ def translate(body: m.MessagesBody, state: ServerState):
     params = protocol.make_sampling_params({
         "max_tokens": body.max_tokens, "temperature": body.temperature, "top_p": body.top_p,
         "top_k": body.top_k, "stop": body.stop_sequences, "seed": body.seed,
-    })
+    }, WIRE_NAMES)
     thinking = bool(body.thinking and body.thinking.type != "disabled")
     names = {t["function"]["name"] for t in tools} if tools else None
     parallel = not (body.tool_choice and body.tool_choice.disable_parallel_tool_use)
@@ -99,7 +103,7 @@ def translate(body: m.MessagesBody, state: ServerState):
                                  ["tool_choice", "name"])
         spec = protocol.tool_call_spec(tools, body.tool_choice.name if choice == "tool" else None,
                                        parallel)
-        params = protocol.with_structured_output(params, spec)
+        params = protocol.with_structured_output(params, spec, WIRE_NAMES)
     fmt = body.output_config.format if body.output_config else None
     if fmt is not None and fmt.type == "json_schema":
         if params.structured_output is not None:
@@ -109,7 +113,8 @@ def translate(body: m.MessagesBody, state: ServerState):
             raise InvalidRequest("a `json_schema` output format needs its `schema`",
                                  ["output_config", "format", "schema"])
         params = protocol.with_structured_output(
-            params, StructuredOutputSpec("json_schema", fmt.schema_, field="output_config"))
+            params, StructuredOutputSpec("json_schema", fmt.schema_, field="output_config"),
+            WIRE_NAMES)
 
     def make_parser() -> ChoiceParser:
         return ChoiceParser(parse_reasoning=thinking, starts_in_reasoning=prompt.starts_in_reasoning,
