@@ -117,9 +117,14 @@ def _token_sequences(seqs: list[s.TokenSequence] | None, info: ModelInfo, name: 
 
 def bad_word_tokens(words: list[str], tokenizer: Tokenizer) -> list[list[int]]:
     """Each phrase both with and without a leading space: a BPE vocabulary tokenizes
-    "clear" and " clear" differently, and the spec asks that both be banned."""
+    "clear" and " clear" differently, and the spec asks that both be banned. A word of
+    only whitespace is refused: its variants are bare spaces, and banning the space token
+    is never what an empty entry meant."""
     out: list[list[int]] = []
-    for word in words:
+    for i, word in enumerate(words):
+        if not word.strip():
+            raise InvalidRequest(f"`bad_words` entry {word!r} holds no word; remove it",
+                                 ["bad_words", i])
         bare = word[1:] if word.startswith(" ") else word
         for variant in (bare, " " + bare):
             ids = tokenizer.encode(variant, add_special_tokens=False)

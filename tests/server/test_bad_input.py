@@ -63,6 +63,8 @@ CASES = [
     ("/v1/detokenize", {"tokens": "abc"}, "tokens"),
     ("/v1/detokenize", {"tokens": [False]}, "tokens"),  # a boolean is not a token id
     ("/v1/completions", {"tokens": [True, 5], "max_tokens": 2}, "tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 2, "bad_words": [""]}, "bad_words"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 2, "bad_words": ["ok", " "]}, "bad_words"),
 ]
 
 
