@@ -295,8 +295,9 @@ class ChatCompletionBody(GenerationFields, ChatMessagesFields):
     parallel_tool_calls: bool | None = None
     parse_reasoning: bool | None = None
     include_reasoning: bool | None = None
-    reasoning_effort: str | None = None
-    reasoning_budget: int | None = None
+    # Both reach the chat template as variables of these names (chat_prompt.template_kwargs).
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+    reasoning_budget: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _consistent(self):

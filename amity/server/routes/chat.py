@@ -63,8 +63,10 @@ class ChatRequest:
 def translate(body: s.ChatCompletionBody, state: ServerState) -> ChatRequest:
     tool_choice = body.tool_choice or "auto"
     tools = chat_prompt.tool_dicts(body.tools) if tool_choice != "none" else None
-    prompt = chat_prompt.render(state.info, chat_prompt.message_dicts(body.messages), tools,
-                                body.chat_template_kwargs)
+    kwargs = chat_prompt.template_kwargs(body.chat_template_kwargs,
+                                         reasoning_effort=body.reasoning_effort,
+                                         reasoning_budget=body.reasoning_budget)
+    prompt = chat_prompt.render(state.info, chat_prompt.message_dicts(body.messages), tools, kwargs)
     params = protocol.chat_sampling_params(body, state.info)
     if not isinstance(tool_choice, str) or tool_choice == "required":
         # Issue 5: a forced call is a grammar over the calls of the allowed tool(s).
