@@ -155,10 +155,10 @@ def check_response_format(body: s.GenerationFields) -> StructuredOutputSpec | No
 
 def tool_call_spec(tools: list[dict] | None, name: str | None, parallel: bool,
                    loc: str = "tool_choice") -> StructuredOutputSpec:
-    """A forced tool call (issue 5) as a JSON schema over what `ChoiceParser` reads
-    back: `{"name": N, "arguments": {...}}` for one call, a non-empty list of them when
-    parallel calls are allowed; each call's arguments follow its tool's parameters.
-    `name` forces that tool; None allows any of `tools`."""
+    """A forced tool call (issue 5) as a JSON schema over what `ToolCallStream` reads
+    back: `{"name": N, "arguments": {...}}`, each call's arguments following its tool's
+    parameters. `name` forces exactly one call of that tool; None allows any of
+    `tools`: one call, or with `parallel` a non-empty array of calls."""
     if not tools:
         raise InvalidRequest(f"`{loc}` forces a tool call but no `tools` are given", [loc])
     if name is not None:
@@ -173,7 +173,9 @@ def tool_call_spec(tools: list[dict] | None, name: str | None, parallel: bool,
                                                        "arguments": params},
                       "required": ["name", "arguments"]})
     call = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    schema = {"type": "array", "items": call, "minItems": 1} if parallel else call
+    # A named choice is one call: an array of them would let a model that repeats
+    # itself (greedy SmolLM2 does) call the same function until max_tokens.
+    schema = {"type": "array", "items": call, "minItems": 1} if parallel and name is None else call
     return StructuredOutputSpec("json_schema", schema, field="tools")
 
 

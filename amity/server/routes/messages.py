@@ -14,13 +14,14 @@ from amity.engine.structured_output import StructuredOutputSpec
 from amity.server import chat_prompt, protocol
 from amity.server import messages_schemas as m
 from amity.server.app import ServerState, error_responses, state_of
-from amity.server.chat_output import ChoiceParser, ToolCall
+from amity.server.chat_output import ChoiceParser
 from amity.server.generation import Generation, new_id, run_unless_disconnected
 from amity.server.protocol import InvalidRequest
 from amity.server.routes.chat import choice_events
 from amity.server.routes.completions import start_generation
 from amity.server.schemas import MessagesErrorResponse
 from amity.server.sse import SSEResponse, event_frame
+from amity.server.tool_calls import ToolCall, fold_tool_calls
 
 router = APIRouter()
 
@@ -222,15 +223,22 @@ async def _collect(gen, state, make_parser, stop: _DecodedStop) -> m.MessagesSuc
                           else m.ResponseTextBlock(text=text))
 
     finish = "stop"
+    calls: list[ToolCall] = []
+    cut: list[int] = []
     async for ev in choice_events(gen, make_parser):
         stop.add(ev.token_ids, ev.pieces.reasoning + ev.pieces.content)
         append("thinking", ev.pieces.reasoning)
         append("text", ev.pieces.content)
-        for call in ev.pieces.tool_calls or []:
-            blocks.append(m.ResponseToolUseBlock(id=call.id, name=call.name, input=_tool_input(call)))
+        known = len(calls)
+        fold_tool_calls(calls, ev.pieces.tool_calls)
+        blocks += calls[known:]  # in their place among the text; their input is read at the end
+        cut += ev.pieces.cut_tool_calls or []
         finish = ev.finish_reason or finish
+    cut_ids = {id(calls[k]) for k in cut}  # the calls max_tokens cut are left out
+    content = [m.ResponseToolUseBlock(id=b.id, name=b.name, input=_tool_input(b))
+               if isinstance(b, ToolCall) else b for b in blocks if id(b) not in cut_ids]
     reason, sequence = stop.resolve(finish)
-    return m.MessagesSuccess(id=gen.request_id, model=state.model_name, content=blocks,
+    return m.MessagesSuccess(id=gen.request_id, model=state.model_name, content=content,
                              stop_reason=reason, stop_sequence=sequence, usage=_usage(gen))
 
 
@@ -275,12 +283,13 @@ async def _stream(gen, state, make_parser, stop: _DecodedStop):
                 for f in start("text", {"type": "text", "text": ""}):
                     yield f
             yield delta({"type": "text_delta", "text": p.content})
-        for call in p.tool_calls or []:
-            for f in start("tool_use", {"type": "tool_use", "id": call.id, "name": call.name,
-                                        "input": {}}):
-                yield f
-            yield delta({"type": "input_json_delta",
-                         "partial_json": json.dumps(_tool_input(call), ensure_ascii=False)})
+        for d in p.tool_calls or []:  # a call's block opens with its name, then its input streams
+            if d.id is not None:
+                for f in start("tool_use", {"type": "tool_use", "id": d.id, "name": d.name,
+                                            "input": {}}):
+                    yield f
+            if d.arguments:
+                yield delta({"type": "input_json_delta", "partial_json": d.arguments})
         finish = ev.finish_reason or finish
     for f in close():
         yield f
