@@ -11,17 +11,24 @@ from amity.config import (EngineConfig, ServerConfig, StoreConfig, SuiteConfig, 
 from amity.suite.admin import add_admin_parser
 
 
+def prompt_ids(tokenizer, prompt: str, chat: bool) -> list[int]:
+    """With `chat`, the prompt as the only user turn of the chat template. The template
+    writes its own special tokens (BOS, role markers), so its text is encoded without
+    adding them again, as the server does (chat_prompt.render)."""
+    if not chat:
+        return tokenizer.encode(prompt)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
 def _generate(args: argparse.Namespace) -> None:
     from amity.engine.llm_engine import LLMEngine
     from amity.engine.sampling_params import SamplingParams
 
     engine = LLMEngine(from_namespace(EngineConfig, args))
-    prompt = args.prompt
-    if args.chat:
-        prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed,
                             top_p=args.top_p, top_k=args.top_k)
-    [final] = engine.generate([prompt], params)
+    [final] = engine.generate([prompt_ids(engine.tokenizer, args.prompt, args.chat)], params)
     sys.stdout.write(final.ordered_choices[0].text + "\n")
 
 

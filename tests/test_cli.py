@@ -20,3 +20,23 @@ def test_unknown_model_path_is_a_clear_error():
     assert result.returncode != 0
     assert "/nonexistent/model.gguf" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_chat_prompt_has_one_bos(tiny_tokenizer_dir):
+    """A tokenizer that adds BOS and a template that writes it: `--chat` must not
+    encode the templated text with special tokens again (a second BOS)."""
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer
+
+    from amity.cli import prompt_ids
+    from amity.models.tokenizer import Tokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
+    hf.bos_token = "<|endoftext|>"
+    hf.backend_tokenizer.post_processor = TemplateProcessing(
+        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", hf.bos_token_id)])
+    hf.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    tokenizer = Tokenizer(hf, set())
+    bos = hf.bos_token_id
+    assert prompt_ids(tokenizer, "Hello", chat=False) == [bos, *hf.encode("Hello", add_special_tokens=False)]
+    assert prompt_ids(tokenizer, "Hello", chat=True) == [bos, *hf.encode("Hello", add_special_tokens=False)]

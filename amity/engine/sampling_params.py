@@ -6,7 +6,8 @@ engine never sees pydantic. Text-level inputs (`bad_words`) are tokenized by the
 server into their token form (`bad_word_tokens`) before they get here.
 """
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 
 from amity.engine.errors import RequestError
 from amity.engine.structured_output import StructuredOutputSpec
@@ -88,6 +89,14 @@ class SamplingParams:
             if not ok:
                 raise RequestError(f"`{name}` {message}", name)
 
+        # NaN passes no range test below but inf passes some (temperature >= 0), and
+        # either would poison the logits: every float control is finite.
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float):
+                check(math.isfinite(value), f.name, "must be a finite number")
+        for token, bias in (self.logit_bias or {}).items():
+            check(math.isfinite(bias), "logit_bias", f"for token {token} must be a finite number")
         check(1 <= self.n <= MAX_CHOICES_PER_REQUEST, "n",
               f"must be between 1 and {MAX_CHOICES_PER_REQUEST}")
         check(self.temperature >= 0.0, "temperature", "must be >= 0")
@@ -147,5 +156,12 @@ class SamplingParams:
         if self.structured_output is not None and self.structured_output.constrains:
             check(not self.min_tokens and self.min_total_tokens is None, "min_tokens",
                   "is unsupported together with `response_format`; drop one of them")
+            what = self.structured_output.field
             check(self.forced_output_tokens is None, "forced_output_tokens",
-                  "cannot be combined with `response_format`; drop one of them")
+                  f"cannot be combined with `{what}`; drop one of them")
+            # A stop would end the output where the grammar may not end (a `}` cut off
+            # a JSON object): a finished constrained output must always be complete.
+            check(not self.stop, "stop", f"cannot be combined with `{what}`: the output "
+                  "ends where its grammar ends; drop `stop`")
+            check(not self.stop_tokens, "stop_tokens", f"cannot be combined with `{what}`: "
+                  "the output ends where its grammar ends; drop `stop_tokens`")

@@ -94,6 +94,19 @@ def _without_native_tools(messages: list[dict], tools: list[dict] | None, templa
     return messages, tools
 
 
+def template_kwargs(explicit: dict | None, *, enable_thinking: bool | None = None,
+                    reasoning_effort: str | None = None,
+                    reasoning_budget: int | None = None) -> dict:
+    """The variables a chat template renders with: the reasoning controls under the
+    names reasoning models' templates read (Qwen3's `enable_thinking`, gpt-oss's
+    `reasoning_effort`, `reasoning_budget`), then the request's own
+    `chat_template_kwargs`, which win. A template that reads none of them ignores
+    them: the controls only do what the model's template makes of them."""
+    derived = {"enable_thinking": enable_thinking, "reasoning_effort": reasoning_effort,
+               "reasoning_budget": reasoning_budget}
+    return {k: v for k, v in derived.items() if v is not None} | (explicit or {})
+
+
 def render(info: ModelInfo, messages: list[dict], tools: list[dict] | None,
            template_kwargs: dict | None) -> RenderedPrompt:
     tokenizer = info.tokenizer

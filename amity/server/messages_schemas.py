@@ -3,7 +3,7 @@
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from amity.server.schemas import RequestModel, ResponseModel
 
@@ -75,7 +75,17 @@ class ToolChoice(RequestModel):
 
 class ThinkingConfig(RequestModel):
     type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: int | None = None
+    budget_tokens: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _budget_with_enabled_only(self):
+        # The spec: `enabled` requires a budget; `disabled` and `adaptive` must not have one.
+        if self.type == "enabled" and self.budget_tokens is None:
+            raise ValueError("`thinking` of type 'enabled' needs `budget_tokens`")
+        if self.type != "enabled" and self.budget_tokens is not None:
+            raise ValueError(f"`thinking` of type {self.type!r} takes no `budget_tokens`; "
+                             "drop it or use type 'enabled'")
+        return self
 
 
 class OutputFormat(RequestModel):
@@ -84,7 +94,7 @@ class OutputFormat(RequestModel):
 
 
 class OutputConfig(RequestModel):
-    # `effort` is parsed for portability; one small model has no effort levels to pick from.
+    # Reaches the chat template as `reasoning_effort`, as chat's field of that name does.
     effort: Literal["low", "medium", "high", "max"] | None = None
     format: OutputFormat | None = None
 
@@ -107,6 +117,14 @@ class MessagesBody(RequestModel):
     # An extension, as in Friendli's chat body: the spec's Messages body allows additional
     # properties, and without a seed a sampled Messages request could never be reproduced.
     seed: int | None = None
+
+    @model_validator(mode="after")
+    def _budget_below_max_tokens(self):
+        budget = self.thinking.budget_tokens if self.thinking else None
+        if budget is not None and self.max_tokens is not None and budget >= self.max_tokens:
+            raise ValueError(f"`thinking.budget_tokens` ({budget}) must be below `max_tokens` "
+                             f"({self.max_tokens})")
+        return self
 
 
 StopReason = Literal["end_turn", "max_tokens", "tool_use", "stop_sequence"]

@@ -29,8 +29,15 @@ class InvalidRequest(Exception):
         self.type = type
 
     @classmethod
-    def from_request_error(cls, err: RequestError) -> "InvalidRequest":
-        return cls(err.message, [err.field] if err.field else [])
+    def from_request_error(cls, err: RequestError, wire_names: dict[str, str] | None = None
+                           ) -> "InvalidRequest":
+        """`wire_names` maps SamplingParams' names to an API's own (Messages:
+        `stop` is `stop_sequences`), so the error names the field the client sent."""
+        names = wire_names or {}
+        message = err.message
+        if err.field in names:
+            message = message.replace(f"`{err.field}`", f"`{names[err.field]}`")
+        return cls(message, [names.get(err.field, err.field)] if err.field else [])
 
     def detail(self) -> list[dict]:
         return [{"loc": self.loc, "msg": self.msg, "type": self.type}]
@@ -57,20 +64,22 @@ def check_num_choices(num_prompts: int, n: int) -> None:
         )
 
 
-def make_sampling_params(fields: dict) -> SamplingParams:
+def make_sampling_params(fields: dict, wire_names: dict[str, str] | None = None) -> SamplingParams:
     """`fields` uses SamplingParams' names; None values mean "the default"."""
     try:
         return SamplingParams(**{k: v for k, v in fields.items() if v is not None})
     except RequestError as err:
-        raise InvalidRequest.from_request_error(err) from None
+        raise InvalidRequest.from_request_error(err, wire_names) from None
 
 
-def with_structured_output(params: SamplingParams, spec: StructuredOutputSpec) -> SamplingParams:
-    """`params` constrained by `spec` (issue 5), revalidated (min_tokens is refused)."""
+def with_structured_output(params: SamplingParams, spec: StructuredOutputSpec,
+                           wire_names: dict[str, str] | None = None) -> SamplingParams:
+    """`params` constrained by `spec` (issue 5), revalidated (min_tokens and stops are
+    refused)."""
     try:
         return dataclasses.replace(params, structured_output=spec)
     except RequestError as err:
-        raise InvalidRequest.from_request_error(err) from None
+        raise InvalidRequest.from_request_error(err, wire_names) from None
 
 
 def check_token_ids(ids: list[int], vocab_size: int, loc: list[str | int]) -> None:
@@ -108,9 +117,14 @@ def _token_sequences(seqs: list[s.TokenSequence] | None, info: ModelInfo, name: 
 
 def bad_word_tokens(words: list[str], tokenizer: Tokenizer) -> list[list[int]]:
     """Each phrase both with and without a leading space: a BPE vocabulary tokenizes
-    "clear" and " clear" differently, and the spec asks that both be banned."""
+    "clear" and " clear" differently, and the spec asks that both be banned. A word of
+    only whitespace is refused: its variants are bare spaces, and banning the space token
+    is never what an empty entry meant."""
     out: list[list[int]] = []
-    for word in words:
+    for i, word in enumerate(words):
+        if not word.strip():
+            raise InvalidRequest(f"`bad_words` entry {word!r} holds no word; remove it",
+                                 ["bad_words", i])
         bare = word[1:] if word.startswith(" ") else word
         for variant in (bare, " " + bare):
             ids = tokenizer.encode(variant, add_special_tokens=False)
@@ -141,10 +155,10 @@ def check_response_format(body: s.GenerationFields) -> StructuredOutputSpec | No
 
 def tool_call_spec(tools: list[dict] | None, name: str | None, parallel: bool,
                    loc: str = "tool_choice") -> StructuredOutputSpec:
-    """A forced tool call (issue 5) as a JSON schema over what `ChoiceParser` reads
-    back: `{"name": N, "arguments": {...}}` for one call, a non-empty list of them when
-    parallel calls are allowed; each call's arguments follow its tool's parameters.
-    `name` forces that tool; None allows any of `tools`."""
+    """A forced tool call (issue 5) as a JSON schema over what `ToolCallStream` reads
+    back: `{"name": N, "arguments": {...}}`, each call's arguments following its tool's
+    parameters. `name` forces exactly one call of that tool; None allows any of
+    `tools`: one call, or with `parallel` a non-empty array of calls."""
     if not tools:
         raise InvalidRequest(f"`{loc}` forces a tool call but no `tools` are given", [loc])
     if name is not None:
@@ -159,7 +173,9 @@ def tool_call_spec(tools: list[dict] | None, name: str | None, parallel: bool,
                                                        "arguments": params},
                       "required": ["name", "arguments"]})
     call = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    schema = {"type": "array", "items": call, "minItems": 1} if parallel else call
+    # A named choice is one call: an array of them would let a model that repeats
+    # itself (greedy SmolLM2 does) call the same function until max_tokens.
+    schema = {"type": "array", "items": call, "minItems": 1} if parallel and name is None else call
     return StructuredOutputSpec("json_schema", schema, field="tools")
 
 

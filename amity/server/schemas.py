@@ -6,7 +6,10 @@ same 422 shape, so a range is never checked (or worded) twice. Every optional re
 field is nullable in the spec; `None` always means "the default".
 
 Unknown request fields are ignored, as OpenAI-compatible servers (vLLM) do, so that
-clients sending newer fields keep working.
+clients sending newer fields keep working. Every float field of every request is finite:
+JSON has no NaN or Infinity, but Python's parser (FastAPI's) reads those literals and
+turns 1e400 into inf, so `RequestModel` refuses non-finite numbers once, for all fields
+and nested containers (`logit_bias` values, `embedding_to_replace` items).
 """
 
 from typing import Annotated, Any, Literal
@@ -15,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
 
 class RequestModel(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class ResponseModel(BaseModel):
@@ -292,8 +295,9 @@ class ChatCompletionBody(GenerationFields, ChatMessagesFields):
     parallel_tool_calls: bool | None = None
     parse_reasoning: bool | None = None
     include_reasoning: bool | None = None
-    reasoning_effort: str | None = None
-    reasoning_budget: int | None = None
+    # Both reach the chat template as variables of these names (chat_prompt.template_kwargs).
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+    reasoning_budget: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _consistent(self):

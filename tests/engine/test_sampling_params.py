@@ -4,6 +4,7 @@ import pytest
 
 from amity.engine.errors import RequestError
 from amity.engine.sampling_params import MAX_CHOICES_PER_REQUEST, SamplingParams
+from amity.engine.structured_output import StructuredOutputSpec
 
 
 @pytest.mark.parametrize("kwargs, field", [
@@ -24,6 +25,13 @@ from amity.engine.sampling_params import MAX_CHOICES_PER_REQUEST, SamplingParams
     (dict(logprobs=21), "logprobs"),
     (dict(bad_word_tokens=[[]]), "bad_word_tokens"),
     (dict(stop_tokens=[[]]), "stop_tokens"),
+    (dict(temperature=float("inf")), "temperature"),
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(repetition_penalty=float("inf")), "repetition_penalty"),
+    (dict(min_p=float("nan")), "min_p"),
+    (dict(encoder_repetition_penalty=float("nan")), "encoder_repetition_penalty"),
+    (dict(logit_bias={3: float("-inf")}), "logit_bias"),
+    (dict(logit_bias={3: float("nan")}), "logit_bias"),
 ])
 def test_bad_values_are_refused_with_their_field(kwargs, field):
     with pytest.raises(RequestError) as error:
@@ -36,3 +44,15 @@ def test_seeds_per_choice():
     assert SamplingParams(n=2, seed=[5, 9]).seed_for_choice(1) == 9
     assert SamplingParams().seed_for_choice(0) is None
     assert SamplingParams(n=MAX_CHOICES_PER_REQUEST).n == MAX_CHOICES_PER_REQUEST
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(stop=["}"]), "stop"),
+    (dict(stop_tokens=[[7]]), "stop_tokens"),
+    (dict(forced_output_tokens=[7]), "forced_output_tokens"),
+])
+def test_a_grammar_refuses_what_would_end_or_bypass_it(kwargs, field):
+    with pytest.raises(RequestError) as error:
+        SamplingParams(structured_output=StructuredOutputSpec("json_object"), **kwargs)
+    assert error.value.field == field
+    SamplingParams(structured_output=StructuredOutputSpec("text"), **kwargs)  # text constrains nothing

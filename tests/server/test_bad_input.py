@@ -63,6 +63,8 @@ CASES = [
     ("/v1/detokenize", {"tokens": "abc"}, "tokens"),
     ("/v1/detokenize", {"tokens": [False]}, "tokens"),  # a boolean is not a token id
     ("/v1/completions", {"tokens": [True, 5], "max_tokens": 2}, "tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 2, "bad_words": [""]}, "bad_words"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 2, "bad_words": ["ok", " "]}, "bad_words"),
 ]
 
 
@@ -137,3 +139,40 @@ def test_server_keeps_serving_after_bad_input(http):
 def test_bearer_token_is_ignored(http):
     res = http.post("/v1/tokenize", json={"prompt": "a"}, headers={"Authorization": "Bearer x"})
     assert res.status_code == 200
+
+
+# JSON has no NaN or Infinity, but Python's parser (and so FastAPI's) reads the
+# literals, and 1e400 overflows to inf: every float field must refuse them.
+NON_FINITE = [
+    ("/v1/completions", '{"prompt": "x", "max_tokens": 1, "temperature": NaN}', "temperature"),
+    ("/v1/completions", '{"prompt": "x", "max_tokens": 1, "temperature": Infinity}', "temperature"),
+    ("/v1/completions", '{"prompt": "x", "max_tokens": 1, "top_p": NaN}', "top_p"),
+    ("/v1/completions", '{"prompt": "x", "max_tokens": 1, "min_p": NaN}', "min_p"),
+    ("/v1/completions", '{"prompt": "x", "max_tokens": 1, "repetition_penalty": Infinity}',
+     "repetition_penalty"),
+    ("/v1/completions", '{"prompt": "x", "max_tokens": 1, "presence_penalty": NaN}',
+     "presence_penalty"),
+    ("/v1/completions", '{"prompt": "x", "max_tokens": 1, "frequency_penalty": -Infinity}',
+     "frequency_penalty"),
+    ("/v1/completions", '{"prompt": "x", "max_tokens": 1, "xtc_threshold": NaN}', "xtc_threshold"),
+    ("/v1/completions", '{"prompt": "x", "max_tokens": 1, "embedding_to_replace": [NaN], '
+                        '"token_index_to_replace": [0]}', "embedding_to_replace"),
+    ("/v1/completions", '{"prompt": "x", "max_tokens": 1, "temperature": 1e400}', "temperature"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, '
+                             '"logit_bias": {"5": NaN}}', "logit_bias"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, '
+                             '"logit_bias": {"5": -Infinity}}', "logit_bias"),
+    ("/v1/messages", '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, '
+                     '"temperature": NaN}', "temperature"),
+]
+
+
+@pytest.mark.parametrize("path,content,field", NON_FINITE,
+                         ids=[f"{c[0]}-{c[2]}-{i}" for i, c in enumerate(NON_FINITE)])
+def test_non_finite_numbers_are_422(http, path, content, field):
+    res = http.post(path, content=content.encode(), headers={"content-type": "application/json"})
+    assert res.status_code == 422, res.text
+    if path == "/v1/messages":
+        assert field in res.json()["error"]["message"], res.text
+    else:
+        assert any(field in map(str, item["loc"]) for item in res.json()["detail"]), res.text

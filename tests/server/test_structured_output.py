@@ -166,12 +166,62 @@ def test_openai_sdk_forced_tool_calls_streaming(oai):
                 finish = c.finish_reason or finish
         if finish == "length":
             continue
-        assert finish == "tool_calls" and list(calls) == list(range(len(calls))) and calls
-        for call in calls.values():  # parallel calls are allowed (the default)
-            assert call["id"] and call["name"] == "get_weather"
-            jsonschema.validate(json.loads(call["arguments"]), WEATHER)
+        assert finish == "tool_calls" and list(calls) == [0]  # a named choice is one call
+        assert calls[0]["id"] and calls[0]["name"] == "get_weather"
+        jsonschema.validate(json.loads(calls[0]["arguments"]), WEATHER)
         done += 1
     assert done >= 2
+
+
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def test_a_named_tool_choice_is_one_call(oai):
+    """Greedy SmolLM2 repeats calls while the grammar allows more: a named choice (with
+    parallel calls allowed, the default) must still be exactly one call."""
+    res = oai.chat.completions.create(model=None, messages=ASK, tools=TOOLS, tool_choice=NAMED,
+                                      temperature=0, max_tokens=96)
+    c = res.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None, c
+    [call] = c.message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+
+
+def test_calls_cut_by_max_tokens_keep_the_complete_ones(oai):
+    res = oai.chat.completions.create(model=None, messages=ASK, tools=TOOLS,
+                                      tool_choice="required", temperature=0, max_tokens=96)
+    c = res.choices[0]
+    assert c.finish_reason == "length" and c.message.content is None, c
+    assert c.message.tool_calls, c
+    _check_calls(c.message.tool_calls, set(SCHEMAS), parallel=True)
+
+
+def test_streamed_tool_call_arguments_arrive_in_fragments(oai, http):
+    """The id and name first (arguments ""), then fragments that add up to the
+    arguments of the same request unstreamed; the SDK's own accumulation agrees."""
+    body = {"messages": ASK, "tools": TOOLS, "tool_choice": NAMED, "temperature": 0,
+            "max_tokens": 96}
+    whole = oai.chat.completions.create(model=None, **body).choices[0].message.tool_calls[0]
+    deltas = []
+    for data in sse_data(http.post("/v1/chat/completions", json=body | {"stream": True}).text):
+        if data != "[DONE]":
+            for c in json.loads(data)["choices"]:
+                deltas += c["delta"].get("tool_calls") or []
+    first, rest = deltas[0], deltas[1:]
+    assert first["id"] and first["type"] == "function" and first["index"] == 0
+    assert first["function"] == {"name": "get_weather", "arguments": ""}
+    assert len(rest) > 3 and all(d["index"] == 0 and d["id"] is None for d in rest)
+    so_far = ""
+    for d in rest:
+        so_far += d["function"]["arguments"]
+        assert whole.function.arguments.startswith(so_far)
+    assert so_far == whole.function.arguments
+    with oai.chat.completions.stream(model=None, **body) as stream:
+        final = stream.get_final_completion().choices[0]
+    assert final.finish_reason == "tool_calls"
+    [call] = final.message.tool_calls
+    assert (call.function.name, call.function.arguments) == ("get_weather", whole.function.arguments)
 
 
 def _anthropic_tools():
@@ -214,8 +264,8 @@ def test_anthropic_sdk_forced_tool_use(claude, model_name):
         assert _calls(again) == _calls(msgs[0]) and again.stop_reason == msgs[0].stop_reason
         finished = [msg for msg in msgs if msg.stop_reason != "max_tokens"]
         assert finished, msgs
-        for msg in finished:
-            _check_tool_uses(msg, names, single=False)
+        for msg in finished:  # a named tool is one call
+            _check_tool_uses(msg, names, single=choice["type"] == "tool")
 
 
 def test_messages_output_config_json_schema(claude, model_name, http):
@@ -239,17 +289,20 @@ def test_messages_output_config_json_schema(claude, model_name, http):
 
 
 def test_anthropic_sdk_forced_tool_use_streaming(claude, model_name):
-    with claude.messages.stream(model=model_name, max_tokens=128, messages=ASK,
-                                tools=_anthropic_tools(), extra_body={"temperature": 0},
-                                tool_choice={"type": "tool", "name": "get_time",
-                                             "disable_parallel_tool_use": True}) as stream:
+    """The tool_use block opens with its id and name, its input streams as
+    input_json_delta fragments, and the SDK's accumulated message equals the
+    unstreamed one."""
+    kwargs = dict(model=model_name, max_tokens=128, messages=ASK, tools=_anthropic_tools(),
+                  extra_body={"temperature": 0}, tool_choice={"type": "tool", "name": "get_time"})
+    whole = claude.messages.create(**kwargs)
+    _check_tool_uses(whole, {"get_time"}, single=True)
+    with claude.messages.stream(**kwargs) as stream:
         events = list(stream)
         msg = stream.get_final_message()
     assert msg.stop_reason == "tool_use", msg
-    starts = [e for e in events if e.type == "content_block_start"]
-    assert starts and all(e.content_block.type == "tool_use" for e in starts)
-    assert any(e.type == "content_block_delta" and e.delta.type == "input_json_delta"
-               for e in events)
-    for b in msg.content:
-        assert b.type == "tool_use" and b.name == "get_time"
-        jsonschema.validate(b.input, TIME)
+    [start] = [e for e in events if e.type == "content_block_start"]
+    assert start.content_block.type == "tool_use" and start.content_block.name == "get_time"
+    fragments = [e.delta.partial_json for e in events
+                 if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
+    assert len(fragments) > 2 and json.loads("".join(fragments)) == whole.content[0].input
+    assert _calls(msg) == _calls(whole)

@@ -11,6 +11,7 @@ from amity.server import chat_prompt, protocol
 from amity.server import schemas as s
 from amity.server.app import ServerState, error_responses, state_of
 from amity.server.chat_output import ChoiceParser, Pieces
+from amity.server.tool_calls import ToolCall, fold_tool_calls
 from amity.server.generation import Generation, run_unless_disconnected
 from amity.server.routes.completions import start_generation
 from amity.server.sse import DONE, SSEResponse, data_frame
@@ -28,7 +29,7 @@ class ChoiceEvent:
     index: int
     pieces: Pieces
     logprobs: list[TokenLogprob] | None
-    finish_reason: str | None  # "tool_calls" when the parser found calls
+    finish_reason: str | None  # "tool_calls" when the parser found calls and nothing cut them
     token_ids: list[int]
 
 
@@ -42,10 +43,8 @@ async def choice_events(gen: Generation, make_parser: Callable[[], ChoiceParser]
         pieces = parser.feed(out.new_text)
         finish = out.finish_reason
         if finish is not None:
-            tail = parser.finish()
-            pieces = Pieces(pieces.reasoning + tail.reasoning, pieces.content + tail.content,
-                            tail.tool_calls)
-            if parser.made_tool_calls:
+            pieces = pieces + parser.finish()
+            if parser.made_tool_calls and finish == "stop":  # cut by a limit: still "length"
                 finish = "tool_calls"
         yield ChoiceEvent(index, pieces, out.new_logprobs, finish, out.new_token_ids)
 
@@ -63,8 +62,10 @@ class ChatRequest:
 def translate(body: s.ChatCompletionBody, state: ServerState) -> ChatRequest:
     tool_choice = body.tool_choice or "auto"
     tools = chat_prompt.tool_dicts(body.tools) if tool_choice != "none" else None
-    prompt = chat_prompt.render(state.info, chat_prompt.message_dicts(body.messages), tools,
-                                body.chat_template_kwargs)
+    kwargs = chat_prompt.template_kwargs(body.chat_template_kwargs,
+                                         reasoning_effort=body.reasoning_effort,
+                                         reasoning_budget=body.reasoning_budget)
+    prompt = chat_prompt.render(state.info, chat_prompt.message_dicts(body.messages), tools, kwargs)
     params = protocol.chat_sampling_params(body, state.info)
     if not isinstance(tool_choice, str) or tool_choice == "required":
         # Issue 5: a forced call is a grammar over the calls of the allowed tool(s).
@@ -102,18 +103,19 @@ async def chat_completions(body: s.ChatCompletionBody, request: Request):
         await gen.aclose()
 
 
-def _tool_results(pieces: Pieces) -> list[s.ToolCallResult]:
-    return [s.ToolCallResult(id=c.id, function=s.FunctionResult(name=c.name, arguments=c.arguments))
-            for c in pieces.tool_calls or []]
-
-
 @dataclass
 class _Choice:
     reasoning: str = ""
     content: str = ""
-    tool_calls: list = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    cut_tool_calls: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
+
+    def tool_results(self) -> list[s.ToolCallResult]:
+        """The calls that finished: one that max_tokens cut is left out."""
+        return [s.ToolCallResult(id=c.id, function=s.FunctionResult(name=c.name, arguments=c.arguments))
+                for k, c in enumerate(self.tool_calls) if k not in self.cut_tool_calls]
 
 
 async def _collect(gen: Generation, chat: ChatRequest, state: ServerState) -> s.ChatCompleteSuccess:
@@ -122,7 +124,8 @@ async def _collect(gen: Generation, chat: ChatRequest, state: ServerState) -> s.
         c = choices.setdefault(ev.index, _Choice())
         c.reasoning += ev.pieces.reasoning
         c.content += ev.pieces.content
-        c.tool_calls += _tool_results(ev.pieces)
+        fold_tool_calls(c.tool_calls, ev.pieces.tool_calls)
+        c.cut_tool_calls += ev.pieces.cut_tool_calls or []
         if ev.logprobs is not None:
             c.logprobs = (c.logprobs or []) + ev.logprobs
         c.finish_reason = ev.finish_reason or c.finish_reason
@@ -130,9 +133,9 @@ async def _collect(gen: Generation, chat: ChatRequest, state: ServerState) -> s.
     for index in sorted(choices):
         c = choices[index]
         extra = {"reasoning_content": c.reasoning} if chat.parse_reasoning else {}
-        message = s.ChatChoiceMessage(
-            content=c.content if c.content or not c.tool_calls else None,
-            tool_calls=c.tool_calls or None, **extra)
+        calls = c.tool_results()
+        message = s.ChatChoiceMessage(content=c.content if c.content or not calls else None,
+                                      tool_calls=calls or None, **extra)
         logprobs = protocol.chat_logprobs(c.logprobs, state.pieces) if c.logprobs is not None else None
         out.append(s.ChatChoice(index=index, message=message, finish_reason=c.finish_reason,
                                 logprobs=logprobs))
@@ -161,10 +164,11 @@ async def _stream(gen: Generation, chat: ChatRequest, state: ServerState, includ
         logprobs = protocol.chat_logprobs(ev.logprobs, state.pieces) if ev.logprobs else None
         if p or logprobs:
             extra = {"reasoning_content": p.reasoning} if p.reasoning else {}
+            # A call's id and name first, then its arguments fragment by fragment.
             calls = [
-                s.StreamedToolCallResult(index=k, id=c.id, function=s.StreamedFunctionResult(
-                    name=c.name, arguments=c.arguments))
-                for k, c in enumerate(p.tool_calls or [])
+                s.StreamedToolCallResult(index=d.index, id=d.id, function=s.StreamedFunctionResult(
+                    name=d.name, arguments=d.arguments))
+                for d in p.tool_calls or []
             ] or None
             delta = s.StreamedChatChoiceDelta(content=p.content or None, tool_calls=calls, **extra)
             yield chunk(ev.index, delta, logprobs=logprobs)

@@ -14,13 +14,14 @@ from amity.engine.structured_output import StructuredOutputSpec
 from amity.server import chat_prompt, protocol
 from amity.server import messages_schemas as m
 from amity.server.app import ServerState, error_responses, state_of
-from amity.server.chat_output import ChoiceParser, ToolCall
+from amity.server.chat_output import ChoiceParser
 from amity.server.generation import Generation, new_id, run_unless_disconnected
 from amity.server.protocol import InvalidRequest
 from amity.server.routes.chat import choice_events
 from amity.server.routes.completions import start_generation
 from amity.server.schemas import MessagesErrorResponse
 from amity.server.sse import SSEResponse, event_frame
+from amity.server.tool_calls import ToolCall, fold_tool_calls
 
 router = APIRouter()
 
@@ -76,6 +77,20 @@ def chat_messages(body: m.MessagesBody) -> list[dict]:
     return out
 
 
+# SamplingParams' names for the Messages fields that are called otherwise here.
+WIRE_NAMES = {"stop": "stop_sequences"}
+
+
+def _template_kwargs(body: m.MessagesBody) -> dict:
+    """`thinking` as `enable_thinking` (and its budget), `output_config.effort` as
+    `reasoning_effort`: `adaptive` leaves the template's default."""
+    kind = body.thinking.type if body.thinking else None
+    return chat_prompt.template_kwargs(
+        None, enable_thinking={"enabled": True, "disabled": False}.get(kind),
+        reasoning_budget=body.thinking.budget_tokens if body.thinking else None,
+        reasoning_effort=body.output_config.effort if body.output_config else None)
+
+
 def translate(body: m.MessagesBody, state: ServerState):
     choice = body.tool_choice.type if body.tool_choice else "auto"
     tools = None
@@ -84,11 +99,11 @@ def translate(body: m.MessagesBody, state: ServerState):
             "name": t.name, "description": t.description or "",
             "parameters": t.input_schema or {"type": "object", "properties": {}}}}
             for t in body.tools]
-    prompt = chat_prompt.render(state.info, chat_messages(body), tools, None)
+    prompt = chat_prompt.render(state.info, chat_messages(body), tools, _template_kwargs(body))
     params = protocol.make_sampling_params({
         "max_tokens": body.max_tokens, "temperature": body.temperature, "top_p": body.top_p,
         "top_k": body.top_k, "stop": body.stop_sequences, "seed": body.seed,
-    })
+    }, WIRE_NAMES)
     thinking = bool(body.thinking and body.thinking.type != "disabled")
     names = {t["function"]["name"] for t in tools} if tools else None
     parallel = not (body.tool_choice and body.tool_choice.disable_parallel_tool_use)
@@ -99,7 +114,7 @@ def translate(body: m.MessagesBody, state: ServerState):
                                  ["tool_choice", "name"])
         spec = protocol.tool_call_spec(tools, body.tool_choice.name if choice == "tool" else None,
                                        parallel)
-        params = protocol.with_structured_output(params, spec)
+        params = protocol.with_structured_output(params, spec, WIRE_NAMES)
     fmt = body.output_config.format if body.output_config else None
     if fmt is not None and fmt.type == "json_schema":
         if params.structured_output is not None:
@@ -109,7 +124,8 @@ def translate(body: m.MessagesBody, state: ServerState):
             raise InvalidRequest("a `json_schema` output format needs its `schema`",
                                  ["output_config", "format", "schema"])
         params = protocol.with_structured_output(
-            params, StructuredOutputSpec("json_schema", fmt.schema_, field="output_config"))
+            params, StructuredOutputSpec("json_schema", fmt.schema_, field="output_config"),
+            WIRE_NAMES)
 
     def make_parser() -> ChoiceParser:
         return ChoiceParser(parse_reasoning=thinking, starts_in_reasoning=prompt.starts_in_reasoning,
@@ -128,7 +144,7 @@ async def messages(body: m.MessagesBody, request: Request):
     state.resolve_model(body.model)
     prompt, params, make_parser = translate(body, state)
     gen = await start_generation(request, state, "msg", [prompt.token_ids], params)
-    stop = _StopReason(state, body.stop_sequences)
+    stop = _DecodedStop(state, body.stop_sequences)
     if body.stream:
         return SSEResponse(_stream(gen, state, make_parser, stop), gen.aclose)
     try:
@@ -137,10 +153,24 @@ async def messages(body: m.MessagesBody, request: Request):
         await gen.aclose()
 
 
-class _StopReason:
-    """Anthropic tells an end of turn from a matched stop sequence; the engine reports
-    both as "stop". The generated tokens still hold the matched sequence (only the text
-    is cut), so find it there."""
+def anthropic_stop(finish_reason: str, stop_reason: str | tuple[int, ...] | None
+                   ) -> tuple[m.StopReason, str | None]:
+    """`stop_reason` and `stop_sequence` from a choice's finish reason and the stop the
+    engine matched (`CompletionOutput.stop_reason`: the stop string, or a stop-token
+    sequence; None for an EOS or a length limit)."""
+    if finish_reason == "tool_calls":
+        return "tool_use", None
+    if finish_reason == "length":
+        return "max_tokens", None
+    if isinstance(stop_reason, str):
+        return "stop_sequence", stop_reason
+    return "end_turn", None
+
+
+class _DecodedStop:
+    """Which stop sequence ended the output, found by decoding the generated tokens
+    (they still hold the matched sequence; only the text is cut). Stands in for
+    `CompletionOutput.stop_reason` until the engine reports it."""
 
     def __init__(self, state: ServerState, stop_sequences: list[str] | None):
         self.tokenizer = state.info.tokenizer
@@ -152,18 +182,14 @@ class _StopReason:
         self.token_ids += token_ids
         self.text += text
 
-    def resolve(self, finish: str) -> tuple[str, str | None]:
-        if finish == "tool_calls":
-            return "tool_use", None
-        if finish == "length":
-            return "max_tokens", None
-        if self.stop_sequences and self.token_ids and \
+    def resolve(self, finish: str) -> tuple[m.StopReason, str | None]:
+        matched = None
+        if finish == "stop" and self.stop_sequences and self.token_ids and \
                 self.token_ids[-1] not in self.tokenizer.eos_token_ids:
             full = self.tokenizer.decode(self.token_ids)
-            for seq in self.stop_sequences:
-                if full.find(seq, max(0, len(self.text) - len(seq))) >= 0:
-                    return "stop_sequence", seq
-        return "end_turn", None
+            matched = next((seq for seq in self.stop_sequences
+                            if full.find(seq, max(0, len(self.text) - len(seq))) >= 0), None)
+        return anthropic_stop(finish, matched)
 
 
 def _tool_input(call: ToolCall) -> dict:
@@ -174,13 +200,16 @@ def _tool_input(call: ToolCall) -> dict:
     return value if isinstance(value, dict) else {"arguments": call.arguments}
 
 
-def _usage(gen: Generation) -> m.MessagesUsage:
+def _usage(gen: Generation, output_tokens: int | None = None) -> m.MessagesUsage:
+    """Anthropic's meaning: the prompt is `input_tokens + cache_read_input_tokens`, so
+    the tokens read from the prefix cache are not counted in `input_tokens` too."""
     c = gen.counts
-    return m.MessagesUsage(input_tokens=c.prompt_tokens, output_tokens=c.completion_tokens,
-                           cache_read_input_tokens=c.cached_tokens)
+    return m.MessagesUsage(
+        input_tokens=c.prompt_tokens - c.cached_tokens, cache_read_input_tokens=c.cached_tokens,
+        output_tokens=c.completion_tokens if output_tokens is None else output_tokens)
 
 
-async def _collect(gen, state, make_parser, stop: _StopReason) -> m.MessagesSuccess:
+async def _collect(gen, state, make_parser, stop: _DecodedStop) -> m.MessagesSuccess:
     blocks: list = []
 
     def append(kind: str, text: str) -> None:
@@ -194,25 +223,31 @@ async def _collect(gen, state, make_parser, stop: _StopReason) -> m.MessagesSucc
                           else m.ResponseTextBlock(text=text))
 
     finish = "stop"
+    calls: list[ToolCall] = []
+    cut: list[int] = []
     async for ev in choice_events(gen, make_parser):
         stop.add(ev.token_ids, ev.pieces.reasoning + ev.pieces.content)
         append("thinking", ev.pieces.reasoning)
         append("text", ev.pieces.content)
-        for call in ev.pieces.tool_calls or []:
-            blocks.append(m.ResponseToolUseBlock(id=call.id, name=call.name, input=_tool_input(call)))
+        known = len(calls)
+        fold_tool_calls(calls, ev.pieces.tool_calls)
+        blocks += calls[known:]  # in their place among the text; their input is read at the end
+        cut += ev.pieces.cut_tool_calls or []
         finish = ev.finish_reason or finish
+    cut_ids = {id(calls[k]) for k in cut}  # the calls max_tokens cut are left out
+    content = [m.ResponseToolUseBlock(id=b.id, name=b.name, input=_tool_input(b))
+               if isinstance(b, ToolCall) else b for b in blocks if id(b) not in cut_ids]
     reason, sequence = stop.resolve(finish)
-    return m.MessagesSuccess(id=gen.request_id, model=state.model_name, content=blocks,
+    return m.MessagesSuccess(id=gen.request_id, model=state.model_name, content=content,
                              stop_reason=reason, stop_sequence=sequence, usage=_usage(gen))
 
 
-async def _stream(gen, state, make_parser, stop: _StopReason):
+async def _stream(gen, state, make_parser, stop: _DecodedStop):
     """Only the spec's events, each with its `event:` line (no ping, no [DONE])."""
     yield event_frame("message_start", {"type": "message_start", "message": {
         "id": gen.request_id, "type": "message", "role": "assistant", "model": state.model_name,
         "content": [], "stop_reason": None, "stop_sequence": None,
-        "usage": {"input_tokens": gen.counts.prompt_tokens, "output_tokens": 0,
-                  "cache_read_input_tokens": gen.counts.cached_tokens}}})
+        "usage": _usage(gen, output_tokens=0).model_dump()}})
     index, open_kind = -1, None
 
     def start(kind: str, block: dict):
@@ -248,12 +283,13 @@ async def _stream(gen, state, make_parser, stop: _StopReason):
                 for f in start("text", {"type": "text", "text": ""}):
                     yield f
             yield delta({"type": "text_delta", "text": p.content})
-        for call in p.tool_calls or []:
-            for f in start("tool_use", {"type": "tool_use", "id": call.id, "name": call.name,
-                                        "input": {}}):
-                yield f
-            yield delta({"type": "input_json_delta",
-                         "partial_json": json.dumps(_tool_input(call), ensure_ascii=False)})
+        for d in p.tool_calls or []:  # a call's block opens with its name, then its input streams
+            if d.id is not None:
+                for f in start("tool_use", {"type": "tool_use", "id": d.id, "name": d.name,
+                                            "input": {}}):
+                    yield f
+            if d.arguments:
+                yield delta({"type": "input_json_delta", "partial_json": d.arguments})
         finish = ev.finish_reason or finish
     for f in close():
         yield f
