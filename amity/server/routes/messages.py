@@ -13,14 +13,14 @@ from fastapi import APIRouter, Request
 from amity.engine.structured_output import StructuredOutputSpec
 from amity.server import chat_prompt, protocol
 from amity.server import messages_schemas as m
-from amity.server.app import ServerState, error_responses, state_of
 from amity.server.chat_output import ChoiceParser, ToolCall
-from amity.server.generation import Generation, new_id, run_unless_disconnected
+from amity.server.choice_events import choice_events
+from amity.server.errors import error_responses
+from amity.server.generation import Generation, new_id, start_generation
 from amity.server.protocol import InvalidRequest
-from amity.server.routes.chat import choice_events
-from amity.server.routes.completions import start_generation
 from amity.server.schemas import MessagesErrorResponse
-from amity.server.sse import SSEResponse, event_frame
+from amity.server.sse import SSEResponse, event_frame, messages_error
+from amity.server.state import ServerState, state_of
 
 router = APIRouter()
 
@@ -125,16 +125,13 @@ def translate(body: m.MessagesBody, state: ServerState):
 )
 async def messages(body: m.MessagesBody, request: Request):
     state = state_of(request)
-    state.resolve_model(body.model)
-    prompt, params, make_parser = translate(body, state)
-    gen = await start_generation(request, state, "msg", [prompt.token_ids], params)
+    engine = state.resolve_model(body.model)
+    prompt, params, make_parser = await state.off_loop(translate, body, state)
+    gen = await start_generation(request, state, engine, "msg", [prompt.token_ids], params)
     stop = _StopReason(state, body.stop_sequences)
     if body.stream:
-        return SSEResponse(_stream(gen, state, make_parser, stop), gen.aclose)
-    try:
-        return await run_unless_disconnected(request, _collect(gen, state, make_parser, stop))
-    finally:
-        await gen.aclose()
+        return SSEResponse(_stream(gen, state, make_parser, stop), gen.aclose, messages_error)
+    return await gen.respond(request, _collect(gen, state, make_parser, stop))
 
 
 class _StopReason:
