@@ -86,23 +86,26 @@ class KVCacheManager:
         self.num_hits = 0  # of which found
 
     def _hashes(self, request: Request, num_blocks: int) -> list[bytes]:
-        """The chained hashes of the request's first `num_blocks` full blocks."""
+        """The chained hashes of (at least) the request's first `num_blocks` full
+        blocks: the request's own list, not a copy."""
         hashes = request.block_hashes
         tokens = request.all_token_ids
         while len(hashes) < num_blocks:
             i = len(hashes)
             chunk = tokens[i * self.block_size:(i + 1) * self.block_size]
             hashes.append(block_hash(hashes[-1] if hashes else None, chunk))
-        return hashes[:num_blocks]
+        return hashes
 
     def find_cached_blocks(self, request: Request) -> list[int]:
-        """The blocks of the request's longest cached prefix. The last token is
-        always left to compute: its logits are needed."""
+        """The blocks of the request's longest cached prefix. Positions that still
+        owe an output (the last token; forced positions not yet scored) are always
+        left to compute: their logits are needed."""
         if not self.enable_prefix_caching:
             return []
-        limit = min(request.cacheable_prefix_len, request.num_tokens - 1)
+        limit = min(request.cacheable_prefix_len, request.first_logit_position)
         blocks = []
-        for h in self._hashes(request, limit // self.block_size):
+        num_blocks = limit // self.block_size
+        for h in self._hashes(request, num_blocks)[:num_blocks]:
             block = self.pool.lookup(h)
             if block is None:
                 break
@@ -135,8 +138,11 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return
         num_full = min(request.num_computed_tokens, request.cacheable_prefix_len) // self.block_size
-        for i, h in enumerate(self._hashes(request, num_full)):
-            self.pool.publish(request.block_table[i], h)
+        # Only the blocks that filled since the last call: this runs every step.
+        hashes = self._hashes(request, num_full)
+        for i in range(request.num_published_blocks, num_full):
+            self.pool.publish(request.block_table[i], hashes[i])
+        request.num_published_blocks = max(request.num_published_blocks, num_full)
 
     def free(self, request: Request) -> None:
         # Tail blocks first, so they reach the front of the LRU queue first and
@@ -144,6 +150,7 @@ class KVCacheManager:
         for block in reversed(request.block_table):
             self.pool.release(block)
         request.block_table = []
+        request.num_published_blocks = 0
 
     @property
     def prefix_cache_hit_rate(self) -> float:

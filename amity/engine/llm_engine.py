@@ -21,7 +21,7 @@ from amity.engine.detokenizer import IncrementalDetokenizer
 from amity.engine.errors import RequestError
 from amity.engine.kv_cache_manager import KVCacheManager
 from amity.engine.outputs import CompletionOutput, FinalOutput, RequestOutput, TokenLogprob
-from amity.engine.request import Request, RequestStatus
+from amity.engine.request import Request, RequestStatus, ValidatedRequest
 from amity.engine.sampler import Sampler, SamplingRow
 from amity.engine.sampling_params import SamplingParams
 from amity.engine.scheduler import Scheduler
@@ -83,8 +83,8 @@ class LLMEngine:
         if self.num_blocks < 1:
             raise ValueError(f"KV cache budget {config.kv_cache_memory!r} holds no block "
                              f"({bytes_per_block} bytes each)")
-        # Zeros, not empty: padded attention reads unused slots (weighted 0), and
-        # 0 * NaN from uninitialised memory would poison the output.
+        # Zeroed once, for a defined start; attention itself keeps the slots a sequence
+        # does not own (stale, padded, never written) out of its output.
         shape = (self.num_blocks, self.block_size, num_kv_heads, head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
@@ -96,6 +96,7 @@ class LLMEngine:
         self.groups: dict[str, list[Request]] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.num_steps = 0
+        self.last_step_scheduled = False  # see step()
         self._generate_ids = itertools.count()
         self._structured: structured_output.StructuredOutputCompiler | None = None
         self._structured_lock = threading.Lock()
@@ -137,8 +138,11 @@ class LLMEngine:
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams,
                  embedding_to_replace: list[float] | None = None,
-                 token_index_to_replace: list[int] | None = None) -> None:
-        """Raise RequestError for a request the engine cannot serve as asked."""
+                 token_index_to_replace: list[int] | None = None) -> ValidatedRequest:
+        """Check a request once, before it reaches the engine thread: RequestError
+        (a 422 naming its field) for one the engine cannot serve as asked. Returns
+        what `add_validated` needs, its grammar compiled. Reads only what is fixed
+        at start-up, so it is safe on any thread."""
         num_prompt = len(prompt_token_ids)
         if num_prompt == 0:
             raise RequestError("the prompt is empty; give at least one token", "prompt")
@@ -160,20 +164,19 @@ class LLMEngine:
             if any(not 0 <= t < self.vocab_size for t in ids):
                 raise RequestError(f"`{name}` has token ids outside the vocabulary [0, {self.vocab_size})",
                                    name)
+        self._check_seeds(params)
         limit = self.max_model_len
         if num_prompt >= limit:
             raise RequestError(f"the prompt has {num_prompt} tokens but the context length is {limit}; "
                                "shorten the prompt", "prompt")
         num_output = len(params.forced_output_tokens or []) or self._max_output_tokens(num_prompt, params)
+        output_field = ("forced_output_tokens" if params.forced_output_tokens
+                        else "max_total_tokens" if params.max_total_tokens is not None else "max_tokens")
         if num_prompt + num_output > limit:
             raise RequestError(
                 f"the prompt ({num_prompt} tokens) plus the requested output ({num_output} tokens) "
-                f"exceeds the context length {limit}; lower `max_tokens` or shorten the prompt",
-                "max_tokens" if params.max_total_tokens is None else "max_total_tokens")
-        capacity = self.num_blocks * self.block_size
-        if num_prompt + num_output > capacity:
-            raise RequestError(f"the request needs {num_prompt + num_output} tokens of KV cache but the "
-                               f"server holds {capacity}; lower `max_tokens`", "max_tokens")
+                f"exceeds the context length {limit}; lower `max_tokens` or shorten the prompt", output_field)
+        self._check_fits_kv_pool(num_prompt, num_output, output_field)
         if params.min_total_tokens is not None and params.min_total_tokens > num_prompt + num_output:
             raise RequestError("`min_total_tokens` exceeds the most tokens this request may reach",
                                "min_total_tokens")
@@ -193,7 +196,49 @@ class LLMEngine:
                     f"`embedding_to_replace` has {len(vectors)} numbers; it needs "
                     f"{len(indices)} indices x hidden size {self.hidden_size} = "
                     f"{len(indices) * self.hidden_size}", "embedding_to_replace")
-        self.compile_structured_output(params)  # issue 5: a refused grammar is a RequestError
+        replaced = {}
+        if indices:
+            rows = torch.tensor(vectors, dtype=torch.float32).view(len(indices), self.hidden_size)
+            replaced = dict(zip(indices, rows))
+        min_output = params.min_tokens
+        if params.min_total_tokens is not None:
+            min_output = max(0, params.min_total_tokens - num_prompt)
+        return ValidatedRequest(
+            prompt_token_ids=list(prompt_token_ids), params=params,
+            max_output_tokens=self._max_output_tokens(num_prompt, params), min_output_tokens=min_output,
+            eos_token_ids=(frozenset(params.eos_token) if params.eos_token is not None
+                           else self.tokenizer.eos_token_ids),
+            replaced_embeddings=replaced,
+            grammar=self.compile_structured_output(params))  # a refused grammar is a RequestError
+
+    @staticmethod
+    def _check_seeds(params: SamplingParams) -> None:
+        """Each choice's generator takes a seed in [0, 2^64): an int seed gives
+        choice i seed + i, so the last choice's must fit too; a list, each entry."""
+        if params.seed is None:
+            return
+        bad = [i for i in range(params.n) if not 0 <= params.seed_for_choice(i) < 1 << 64]
+        if not bad:
+            return
+        if isinstance(params.seed, list):
+            raise RequestError(f"`seed` entries must be in [0, 2^64 - 1]; entry {bad[0]} is not", "seed")
+        raise RequestError(f"`seed` must be in [0, 2^64 - 1], and so must seed + n - 1 (choice i "
+                           f"samples with seed + i): {params.seed} with n = {params.n} is not", "seed")
+
+    def _check_fits_kv_pool(self, num_prompt: int, num_output: int, output_field: str) -> None:
+        """Refuse what could never be scheduled: a choice holding more KV blocks than
+        the whole pool would wait forever. The last output token is sampled, never
+        computed, so a choice's K/V peaks at prompt + output - 1 tokens. The n choices
+        of a request need not fit together: preemption only ever takes the most
+        recently admitted request, so the oldest always runs to its end alone."""
+        capacity = self.num_blocks * self.block_size
+        if num_prompt > capacity:  # whatever the output (the default one is then negative)
+            raise RequestError(f"the prompt has {num_prompt} tokens but the server's KV cache holds "
+                               f"{capacity}; shorten the prompt", "prompt")
+        num_tokens = num_prompt + max(num_output, 1) - 1
+        if -(-num_tokens // self.block_size) > self.num_blocks:
+            raise RequestError(f"the request needs {num_tokens} tokens of KV cache but the server "
+                               f"holds {capacity}; lower `{output_field}`", output_field)
 
     def _max_output_tokens(self, num_prompt: int, params: SamplingParams) -> int:
         if params.max_tokens is not None:
@@ -206,38 +251,42 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     embedding_to_replace: list[float] | None = None,
                     token_index_to_replace: list[int] | None = None) -> None:
+        """Validate and add, on the calling thread (the offline path: `generate`, tests)."""
+        self.add_validated(request_id, self.validate(prompt_token_ids, params, embedding_to_replace,
+                                                     token_index_to_replace))
+
+    def add_validated(self, request_id: str, validated: ValidatedRequest) -> None:
+        """Queue a request `validate` accepted: no second validation, no grammar
+        compile (the engine thread never compiles). Every choice (request, generator,
+        detokenizer, grammar matcher) is built before any enters the scheduler, so a
+        failure raises with nothing left behind."""
         if request_id in self.groups:
             raise RequestError(f"request id {request_id!r} is already in flight", "request_id")
-        self.validate(prompt_token_ids, params, embedding_to_replace, token_index_to_replace)
-        num_prompt = len(prompt_token_ids)
-        replaced = {}
-        if token_index_to_replace:
-            vectors = torch.tensor(embedding_to_replace, dtype=torch.float32).view(
-                len(token_index_to_replace), self.hidden_size)
-            replaced = dict(zip(token_index_to_replace, vectors))
-        eos = frozenset(params.eos_token) if params.eos_token is not None else self.tokenizer.eos_token_ids
-        min_output = params.min_tokens
-        if params.min_total_tokens is not None:
-            min_output = max(0, params.min_total_tokens - num_prompt)
-        compiled = self.compile_structured_output(params)  # cached by validate
-        group = []
+        v, params = validated, validated.params
+        group: list[Request] = []
+        detokenizers: list[IncrementalDetokenizer] = []
         for i in range(params.n):
             seed = params.seed_for_choice(i)
             request = Request(
                 request_id=f"{request_id}#{i}", group_id=request_id, choice_index=i,
-                prompt_token_ids=list(prompt_token_ids), params=params,
+                prompt_token_ids=v.prompt_token_ids, params=params,
                 seed=seed if seed is not None else random.getrandbits(31),
-                eos_token_ids=eos, max_output_tokens=self._max_output_tokens(num_prompt, params),
-                min_output_tokens=min_output, replaced_embeddings=replaced,
+                eos_token_ids=v.eos_token_ids, max_output_tokens=v.max_output_tokens,
+                min_output_tokens=v.min_output_tokens, replaced_embeddings=v.replaced_embeddings,
                 forced_token_ids=list(params.forced_output_tokens or []),
                 prefix_source=group[0] if group and self.config.enable_prefix_caching else None)
-            if compiled is not None:
-                request.grammar = self.structured_outputs.matcher(compiled, eos)
+            if v.grammar is not None:
+                request.grammar = self.structured_outputs.matcher(v.grammar, v.eos_token_ids)
             group.append(request)
-            self.detokenizers[request.request_id] = IncrementalDetokenizer(
-                self.tokenizer, prompt_token_ids, params.stop, params.skip_special_tokens)
-            self.scheduler.add(request)
+            detokenizers.append(IncrementalDetokenizer(
+                self.tokenizer, v.prompt_token_ids,
+                [] if params.forced_output_tokens else params.stop,  # forced output never stops early
+                params.skip_special_tokens, v.min_output_tokens))
+        # Nothing above touched engine state; nothing below can fail.
         self.groups[request_id] = group
+        for request, detokenizer in zip(group, detokenizers):
+            self.detokenizers[request.request_id] = detokenizer
+            self.scheduler.add(request)
 
     def abort_request(self, request_id: str) -> None:
         for request in self.groups.pop(request_id, []):
@@ -251,7 +300,13 @@ class LLMEngine:
     # -- the step -----------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """Run one step; the outputs of the choices that moved. An empty list does
+        not mean nothing ran (a prefill chunk emits nothing): `last_step_scheduled`
+        says. False with requests unfinished means none can run until a request is
+        added or aborted, so a driving loop waits for its next command instead of
+        stepping again."""
         plan = self.scheduler.schedule()
+        self.last_step_scheduled = bool(plan.scheduled)
         if not plan.scheduled:
             return []
         result = self.runner.execute(plan)
@@ -263,7 +318,7 @@ class LLMEngine:
         sampled = [i for i, (r, _) in enumerate(result.logit_rows) if not r.forced_token_ids]
         forced = [i for i, (r, _) in enumerate(result.logit_rows) if r.forced_token_ids]
         for request, token, logprob in self._sample(result, sampled) + self._score_forced(result, forced):
-            request.output_token_ids.append(token)
+            request.append_output(token)
             new_tokens.setdefault(request.request_id, []).append(token)
             if logprob is not None:
                 new_logprobs.setdefault(request.request_id, []).append(logprob)
@@ -284,7 +339,8 @@ class LLMEngine:
                 index=request.choice_index, new_token_ids=tokens,
                 new_text=detok.take_new_text(request.is_finished), new_logprobs=logprobs,
                 finish_reason=request.status.value if request.is_finished else None,
-                seed=request.seed, num_output_tokens=request.num_output_tokens))
+                seed=request.seed, num_output_tokens=request.num_output_tokens,
+                stop_reason=request.stop_reason))
         return [self._group_output(group_id, outs) for group_id, outs in touched_groups.items()]
 
     def _sample(self, result, indices: list[int]) -> list[tuple[Request, int, TokenLogprob | None]]:
@@ -297,7 +353,7 @@ class LLMEngine:
         constrained = [k for k, r in enumerate(requests) if r.grammar is not None]
         if constrained:
             structured_output.apply_bitmasks(logits, constrained, [requests[k].grammar for k in constrained])
-        out = self.sampler(logits, [self._row(r, r.output_token_ids) for r in requests])
+        out = self.sampler(logits, [self._row(r, r.all_token_ids) for r in requests])
         for request, token in zip(requests, out.token_ids):
             if request.grammar is not None and not request.grammar.accept(token):
                 logger.error("request %s: the grammar refused sampled token %d", request.request_id, token)
@@ -312,34 +368,37 @@ class LLMEngine:
         rows, picks = [], []
         for i in indices:
             request, position = result.logit_rows[i]
-            k = position - request.first_logit_position
-            rows.append(self._row(request, request.forced_token_ids[:k]))
+            k = position - (request.num_prompt_tokens - 1)  # the forced token this position predicts
+            # The history at forced position k: the prompt and the forced tokens before it.
+            rows.append(self._row(request, request.all_token_ids[:request.num_prompt_tokens + k]))
             picks.append((request, request.forced_token_ids[k]))
         scores = self.sampler.score(result.logits[indices], rows, [token for _, token in picks])
         return [(request, token, score) for (request, token), score in zip(picks, scores)]
 
-    def _row(self, request: Request, output_token_ids: list[int]) -> SamplingRow:
-        return SamplingRow(params=request.params, prompt_token_ids=request.prompt_token_ids,
-                           output_token_ids=output_token_ids, generator=request.generator,
+    def _row(self, request: Request, token_ids: list[int]) -> SamplingRow:
+        return SamplingRow(params=request.params, token_ids=token_ids,
+                           num_prompt_tokens=request.num_prompt_tokens, generator=request.generator,
                            eos_token_ids=request.eos_token_ids)
 
     def _check_stop(self, request: Request, stop_string: str | None) -> RequestStatus | None:
-        if request.forced_token_ids:
-            done = request.num_output_tokens == len(request.forced_token_ids)
+        if request.forced_token_ids:  # >=, not ==: a miscount must never run forever
+            done = request.num_output_tokens >= len(request.forced_token_ids)
             return RequestStatus.FINISHED_STOPPED if done else None
         if request.grammar is not None:  # issue 5: the grammar decides where output ends
             if request.grammar_failed:
                 return RequestStatus.FINISHED_LENGTH
             if request.grammar.is_terminated():
                 return RequestStatus.FINISHED_STOPPED
-        output = request.output_token_ids
-        if request.num_output_tokens >= request.min_output_tokens:
-            if output[-1] in request.eos_token_ids:
+        tokens, num_output = request.all_token_ids, request.num_output_tokens
+        if num_output >= request.min_output_tokens:
+            if tokens[-1] in request.eos_token_ids:
                 return RequestStatus.FINISHED_STOPPED
-            for seq in request.params.stop_tokens:
-                if output[-len(seq):] == seq:
+            for seq in request.params.stop_tokens:  # matched within the output only
+                if len(seq) <= num_output and tokens[-len(seq):] == seq:
+                    request.stop_reason = tuple(seq)
                     return RequestStatus.FINISHED_STOPPED
             if stop_string is not None:
+                request.stop_reason = stop_string
                 return RequestStatus.FINISHED_STOPPED
         if request.num_output_tokens >= request.max_output_tokens or request.num_tokens >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH

@@ -25,6 +25,9 @@ class CompletionOutput:
     finish_reason: str | None  # None while running; then "stop" or "length"
     seed: int
     num_output_tokens: int  # total so far, not only the new ones
+    # Which stop ended the choice: the stop string, or the stop-token sequence;
+    # None for EOS, length, a grammar's end, forced output, or while running.
+    stop_reason: str | tuple[int, ...] | None = None
 
 
 @dataclass
@@ -47,6 +50,7 @@ class FinalChoice:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
+    stop_reason: str | tuple[int, ...] | None = None
 
 
 @dataclass
@@ -71,6 +75,7 @@ class FinalOutput:
                 choice.logprobs = (choice.logprobs or []) + out.new_logprobs
             if out.finish_reason is not None:
                 choice.finish_reason = out.finish_reason
+                choice.stop_reason = out.stop_reason
 
     @property
     def ordered_choices(self) -> list[FinalChoice]:

@@ -4,6 +4,9 @@ A Friendli request with `n` choices becomes `n` engine requests (one per choice)
 that share a `group_id`. The scheduling rule lives on `num_computed_tokens`: it
 chases `num_tokens` (prompt + output so far); prefill, chunked prefill, prefix
 hits and recomputation after preemption are all that one rule.
+
+`ValidatedRequest` is a request as `LLMEngine.validate` hands it on: checked, with
+its grammar compiled, ready for the engine thread to build its choices from.
 """
 
 import enum
@@ -12,8 +15,21 @@ from dataclasses import dataclass, field
 
 import torch
 
-from amity.engine.outputs import TokenLogprob
 from amity.engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class ValidatedRequest:
+    """A request `LLMEngine.validate` accepted, with what adding it needs already
+    worked out, so that the engine thread only builds its choices from it."""
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_output_tokens: int
+    min_output_tokens: int
+    eos_token_ids: frozenset[int]  # params.eos_token, or the model's
+    replaced_embeddings: dict[int, torch.Tensor]  # {prompt position: input embedding}
+    grammar: object | None  # the compiled grammar (structured_output); None when unconstrained
 
 
 class RequestStatus(enum.Enum):
@@ -30,7 +46,7 @@ class RequestStatus(enum.Enum):
                         RequestStatus.FINISHED_ABORTED)
 
 
-@dataclass
+@dataclass(eq=False)  # an entity: list membership and removal go by identity
 class Request:
     request_id: str
     group_id: str
@@ -49,11 +65,17 @@ class Request:
     # choices compute the prompt once and share its cached blocks.
     prefix_source: "Request | None" = None
 
-    output_token_ids: list[int] = field(default_factory=list)
-    output_logprobs: list[TokenLogprob] = field(default_factory=list)
+    # The tokens whose K/V the request computes, as one list that only grows: the
+    # prompt, then each output token as it is appended; with forced output, the
+    # prompt and all forced tokens but the last (each predicts the next), fixed.
+    # Per-step code reads its length and slices of it, never a rebuilt copy.
+    all_token_ids: list[int] = field(init=False)
+    num_prompt_tokens: int = field(init=False)
+    num_output_tokens: int = field(init=False, default=0)
     num_computed_tokens: int = 0
     num_cached_tokens: int | None = None  # prompt tokens served from the prefix cache
     block_table: list[int] = field(default_factory=list)
+    num_published_blocks: int = 0  # of block_table, already offered to the prefix cache
     block_hashes: list[bytes] = field(default_factory=list)  # chained, one per full block
     status: RequestStatus = RequestStatus.WAITING
     arrival_time: float = field(default_factory=time.monotonic)
@@ -64,42 +86,39 @@ class Request:
     # grammar refused a sampled token (the output then ends as `length`).
     grammar: object | None = None
     grammar_failed: bool = False
+    stop_reason: str | tuple[int, ...] | None = None  # see outputs.CompletionOutput
 
     def __post_init__(self) -> None:
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.all_token_ids = self.prompt_token_ids + self.forced_token_ids[:-1]
         if not self.params.is_greedy:
             self.generator = torch.Generator().manual_seed(self.seed)
 
-    @property
-    def computed_prompt_ids(self) -> list[int]:
-        """The tokens whose K/V the prompt pass computes: prompt, then all forced
-        tokens but the last (each predicts the next)."""
-        return self.prompt_token_ids + self.forced_token_ids[:-1]
+    def append_output(self, token_id: int) -> None:
+        """Count one more output token (forced ones are already in `all_token_ids`)."""
+        if not self.forced_token_ids:
+            self.all_token_ids.append(token_id)
+        self.num_output_tokens += 1
 
     @property
-    def all_token_ids(self) -> list[int]:
+    def output_token_ids(self) -> list[int]:
+        """A copy, for reports and tests; per-step code reads `all_token_ids`."""
         if self.forced_token_ids:
-            return self.computed_prompt_ids
-        return self.prompt_token_ids + self.output_token_ids
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+            return self.forced_token_ids[:self.num_output_tokens]
+        return self.all_token_ids[self.num_prompt_tokens:]
 
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
 
     @property
-    def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
-
-    @property
     def first_logit_position(self) -> int:
-        """Positions from here on produce logits the engine needs: the last token
-        normally, every forced-token position when output is forced."""
-        if self.forced_token_ids:
-            return self.num_prompt_tokens - 1
-        return self.num_tokens - 1
+        """The position whose logits give the next output token: from here on,
+        positions still owe an output (the last token normally, every forced
+        position not yet scored with forced output). Positions before it have
+        emitted theirs: recomputing them after a preemption emits nothing again,
+        and they alone may come from the prefix cache."""
+        return self.num_prompt_tokens - 1 + self.num_output_tokens
 
     @property
     def cacheable_prefix_len(self) -> int:

@@ -20,8 +20,9 @@ not use a stage is left bit-for-bit unchanged by it.
  6. logprobs            REPORTED LOGPROBS ARE log_softmax OF THE LOGITS HERE:
                         after the request's bias, bans and penalties, before
                         temperature and truncation. `score` reports the same.
- 7. temperature         temperature 0 rows are greedy: their token is the argmax
-                        of the stage-5 logits and stages 7-9 skip them.
+ 7. temperature         temperature 0 rows (any below GREEDY_TEMPERATURE_EPS) are
+                        greedy: their token is the argmax of the stage-5 logits
+                        and stages 7-9 skip them.
  8. top_k, top_p, min_p, then XTC, each on the distribution left by the ones
                         before it (renormalized). XTC fires with probability
                         xtc_probability per step: one uniform from the row's
@@ -61,8 +62,8 @@ class SamplingRow:
     """One sequence to sample for, as plain Python state."""
 
     params: SamplingParams
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
+    token_ids: list[int]  # the history: prompt, then output (read, never copied)
+    num_prompt_tokens: int
     generator: torch.Generator | None  # the request's own generator; None when greedy
     eos_token_ids: frozenset[int]  # already resolved (params.eos_token or the model's)
 
@@ -126,7 +127,7 @@ class SamplingTensors:
         hist_r, hist_ids, hist_np, rep_p, freq_f, freq_p = [], [], [], [], [], []
         for i, row in enumerate(rows):
             p = row.params
-            history = row.prompt_token_ids + row.output_token_ids
+            history = row.token_ids
             for tok, b in (p.logit_bias or {}).items():
                 if valid(int(tok)):
                     bias_r.append(i)
@@ -135,8 +136,8 @@ class SamplingTensors:
             banned = lp.bad_word_bans(history, p.bad_word_tokens)
             banned += lp.no_repeat_ngram_bans(history, p.no_repeat_ngram)
             banned += lp.min_length_bans(
-                len(row.prompt_token_ids),
-                len(row.output_token_ids),
+                row.num_prompt_tokens,
+                len(history) - row.num_prompt_tokens,
                 history,
                 p.min_tokens,
                 p.min_total_tokens,
@@ -152,7 +153,7 @@ class SamplingTensors:
             if rep or freq:
                 hist_r.append(i)
                 hist_ids.append(history)
-                hist_np.append(len(row.prompt_token_ids))
+                hist_np.append(row.num_prompt_tokens)
                 rep_p.append(p.repetition_penalty if rep else None)
                 freq_f.append(p.frequency_penalty if freq else None)
                 freq_p.append(p.presence_penalty)

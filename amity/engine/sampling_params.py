@@ -16,11 +16,15 @@ from amity.engine.structured_output import StructuredOutputSpec
 # a cap, one request with a huge `n` fills the queue and starves everyone else.
 MAX_CHOICES_PER_REQUEST = 128
 
+# Temperatures below this sample as greedy (vLLM's value): dividing logits by a
+# tiny positive temperature overflows to inf and the draw picks garbage.
+GREEDY_TEMPERATURE_EPS = 1e-5
+
 
 @dataclass
 class SamplingParams:
     n: int = 1
-    # 0 means greedy (argmax); the spec's default is 1.0.
+    # 0 (or below GREEDY_TEMPERATURE_EPS) means greedy (argmax); the spec's default is 1.0.
     temperature: float = 1.0
     top_k: int = 0  # 0 disables
     top_p: float = 1.0
@@ -68,7 +72,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE_EPS
 
     def seed_for_choice(self, index: int) -> int | None:
         """The seed of choice `index`: a list gives one per choice; an int seeds

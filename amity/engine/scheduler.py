@@ -7,8 +7,8 @@ in chunks when the budget is smaller), and a prefix hit starts a request ahead.
 
 Order: running requests first, decodes before prefill chunks (a long prompt never
 stalls the running decodes), then waiting requests first come, first served. When
-blocks run out, the most recently arrived running request is preempted: its blocks
-are freed and it waits again at the front of the queue, to be recomputed (often
+blocks run out, the most recently admitted running request is preempted (the last
+of `running`: admission and readmission append there): its blocks are freed and it waits again at the front of the queue, to be recomputed (often
 from the prefix cache) when blocks return.
 
 The scheduler plans; the model runner executes; `update_after_step` advances the

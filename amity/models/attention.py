@@ -85,15 +85,18 @@ def reference_paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata
             attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
         out[start:start + q_len] = o.squeeze(0).transpose(0, 1)
     if decodes:
-        # Padded to the longest context; padding reads block 0 and is masked out.
+        # Padded to the longest context; padding reads slots other sequences own
+        # or no sequence has written. Their scores are masked, and their values
+        # zeroed too: a weight of 0 times a NaN left there would still be NaN.
         longest = max(context_lens[s] for s in decodes)
         rows = torch.tensor(decodes, device=q.device)
         slots = torch.stack([_context_slots(meta.block_tables[s], longest, block_size) for s in decodes])
         key_mask = torch.arange(longest, device=q.device)[None, :] < meta.context_lens[rows][:, None]
         idx = meta.query_start[rows]
         q_d = q[idx].unsqueeze(2)  # [B, H, 1, D]
-        k_d = _gather(k_cache, slots).transpose(1, 2)  # [B, Hkv, L, D]
-        v_d = _gather(v_cache, slots).transpose(1, 2)
+        kept = key_mask[:, :, None, None]  # [B, L, 1, 1]
+        k_d = _gather(k_cache, slots).where(kept, 0).transpose(1, 2)  # [B, Hkv, L, D]
+        v_d = _gather(v_cache, slots).where(kept, 0).transpose(1, 2)
         o = F.scaled_dot_product_attention(q_d, k_d, v_d, attn_mask=key_mask[:, None, None, :],
                                            scale=scale, enable_gqa=True)
         out[idx] = o.squeeze(2)

@@ -5,6 +5,7 @@ engine with no prefix caching and no budget pressure: batching, chunking, prefix
 hits, eviction and preemption must not change a single greedy token.
 """
 
+import dataclasses
 import random
 
 import pytest
@@ -342,4 +343,199 @@ def test_forced_output_tokens_logprobs_match_transformers(make_engine, tiny_llam
         top = row.topk(5)
         assert [t for t, _ in lp.top] == top.indices.tolist()
         torch.testing.assert_close(torch.tensor([v for _, v in lp.top]), top.values, atol=1e-4, rtol=0)
+    assert_all_blocks_free(engine)
+
+
+def run_finals(engine: LLMEngine, requests: dict[str, tuple[list[int], SamplingParams]],
+               on_step=None) -> dict[str, FinalOutput]:
+    """Add every request at once and run until all finish; their accumulated outputs."""
+    finals = {}
+    for rid, (prompt, params) in requests.items():
+        engine.add_request(rid, prompt, params)
+        finals[rid] = FinalOutput(rid)
+    for _ in range(2000):
+        if not engine.has_unfinished_requests():
+            return finals
+        for out in engine.step():
+            finals[out.request_id].add(out)
+        if on_step:
+            on_step(engine)
+    raise AssertionError("requests still unfinished after 2000 steps")
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_forced_output_tokens_survive_preemption(make_engine, vocab_size, prefix_caching):
+    """Issue 13 (defect 2): a forced request preempted midway through its pass
+    scored its forced tokens again on recompute, overshot their count, never
+    finished and held its blocks forever."""
+    engine = make_engine(block_size=4, kv_cache_memory=str(10 * 2048), max_num_batched_tokens=8,
+                         enable_prefix_caching=prefix_caching)
+    assert engine.num_blocks == 10
+    long_prompt, short_prompt, forced_prompt, forced = prompts(4, [4, 3, 6, 20], vocab_size, seed=13)
+    forced_params = SamplingParams(forced_output_tokens=forced, logprobs=2, **GREEDY)
+    (alone,) = make_engine().generate([forced_prompt], forced_params)
+    requests = {"decode": (long_prompt, SamplingParams(max_tokens=30, **GREEDY)),
+                "other": (short_prompt, SamplingParams(max_tokens=12, **GREEDY)),
+                "forced": (forced_prompt, forced_params)}
+    preempted = set()
+    finals = run_finals(engine, requests, on_step=lambda e: preempted.update(
+        r.group_id for r in e.scheduler.waiting if r.status is RequestStatus.PREEMPTED))
+    assert "forced" in preempted, "the forced request must be preempted midway for this test"
+    choice = finals["forced"].ordered_choices[0]
+    assert choice.token_ids == forced and choice.finish_reason == "stop"
+    expected = alone.ordered_choices[0].logprobs
+    torch.testing.assert_close([lp.logprob for lp in choice.logprobs], [lp.logprob for lp in expected],
+                               atol=1e-4, rtol=0)  # chunked differently: float rounding
+    assert_all_blocks_free(engine)
+
+
+def test_forced_output_tokens_with_n_choices_sharing_the_prompt(make_engine, vocab_size):
+    """Issue 13 (defect 2): the second choice took its sibling's cached blocks,
+    which cover forced positions, so it never computed (nor scored) them and
+    never finished. Positions still owing an output are never taken from the cache."""
+    engine = make_engine(block_size=4)
+    prompt, forced = prompts(2, [11, 20], vocab_size, seed=14)
+    finals = run_finals(engine, {"n2": (prompt, SamplingParams(n=2, forced_output_tokens=forced, **GREEDY))})
+    assert [c.token_ids for c in finals["n2"].ordered_choices] == [forced, forced]
+    assert [c.finish_reason for c in finals["n2"].ordered_choices] == ["stop", "stop"]
+    assert_all_blocks_free(engine)
+
+
+def test_out_of_range_seeds_are_refused_naming_the_field(make_engine, vocab_size):
+    """Issue 13 (defect 1): `n: 2, seed: 2^64 - 1` seeded choice 1 with 2^64, which
+    torch's generator refuses, after choice 0 was already queued: the orphan broke
+    every later step. Seeds are checked up front, as a RequestError on `seed`."""
+    engine = make_engine()
+    (p,) = prompts(1, [5], vocab_size, seed=15)
+    top = 2 ** 64 - 1
+    for params in (SamplingParams(n=2, temperature=1.0, seed=top, max_tokens=3),
+                   SamplingParams(n=2, temperature=0.0, seed=top, max_tokens=3),  # greedy too
+                   SamplingParams(n=3, temperature=1.0, seed=[1, 2 ** 64, 3], max_tokens=3),
+                   SamplingParams(temperature=1.0, seed=-1, max_tokens=3)):
+        with pytest.raises(RequestError) as err:
+            engine.add_request("bad-seed", p, params)
+        assert err.value.field == "seed"
+        assert not engine.has_unfinished_requests() and not engine.detokenizers
+    # The last seeds that fit are served, and reported.
+    (ok,) = engine.generate([p], SamplingParams(n=2, temperature=1.0, seed=top - 1, max_tokens=3,
+                                                eos_token=[]))
+    assert [c.seed for c in ok.ordered_choices] == [top - 1, top]
+    assert all(len(c.token_ids) == 3 for c in ok.ordered_choices)
+    assert_all_blocks_free(engine)
+
+
+def test_a_choice_that_fails_to_build_leaves_nothing_behind(make_engine, vocab_size):
+    """Issue 13 (defect 1): add is atomic. Validation no longer lets a bad seed
+    through, so the failure is made past it: choice 1's generator refuses its seed."""
+    engine = make_engine()
+    (p,) = prompts(1, [5], vocab_size, seed=16)
+    validated = engine.validate(p, SamplingParams(n=2, temperature=1.0, seed=[1, 2], max_tokens=3))
+    unbuildable = dataclasses.replace(
+        validated, params=SamplingParams(n=2, temperature=1.0, seed=[1, 2 ** 64], max_tokens=3))
+    with pytest.raises(ValueError) as err:  # torch's own refusal
+        engine.add_validated("orphan?", unbuildable)
+    assert not isinstance(err.value, RequestError)
+    assert not engine.groups and not engine.detokenizers and not engine.scheduler.has_work()
+    engine.add_validated("fine", validated)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert_all_blocks_free(engine)
+
+
+def test_a_request_larger_than_the_kv_pool_is_refused(make_engine, vocab_size):
+    """Issue 13 (defect 3): a prompt longer than the whole KV pool, with no
+    `max_tokens`, passed validation (its default output went negative) and then
+    waited forever, the engine loop spinning. Checked in blocks: a choice's K/V
+    peaks at prompt + output - 1 tokens (the last token is never computed)."""
+    engine = make_engine(block_size=4, kv_cache_memory=str(10 * 2048))
+    capacity = engine.num_blocks * engine.block_size
+    assert capacity == 40 and engine.max_model_len > capacity
+    (p,) = prompts(1, [capacity + 5], vocab_size, seed=18)
+    with pytest.raises(RequestError) as err:
+        engine.add_request("prompt", p, SamplingParams(temperature=0.0, eos_token=[]))
+    assert err.value.field == "prompt"
+    with pytest.raises(RequestError) as err:
+        engine.add_request("output", p[:10], SamplingParams(max_tokens=capacity - 8, **GREEDY))
+    assert err.value.field == "max_tokens"
+    with pytest.raises(RequestError) as err:
+        engine.add_request("forced", p[:10], SamplingParams(forced_output_tokens=p[:capacity - 8], **GREEDY))
+    assert err.value.field == "forced_output_tokens"
+    assert not engine.has_unfinished_requests()
+    # Exactly the pool, two choices that cannot both fit: served, one after the other.
+    (ok,) = engine.generate([p[:10]], SamplingParams(n=2, max_tokens=capacity - 9, **GREEDY))
+    assert [len(c.token_ids) for c in ok.ordered_choices] == [capacity - 9] * 2
+    assert_all_blocks_free(engine)
+
+
+def test_step_says_whether_it_scheduled_anything(make_engine, vocab_size):
+    """Issue 13 (defect 3): an empty output list is no idle signal (a prefill chunk
+    emits nothing); `last_step_scheduled` is, for a loop that must wait, not spin."""
+    engine = make_engine(max_num_batched_tokens=8)
+    (p,) = prompts(1, [20], vocab_size, seed=19)
+    engine.add_request("chunked", p, SamplingParams(max_tokens=2, **GREEDY))
+    assert engine.step() == [] and engine.last_step_scheduled  # the first chunk of three
+    while engine.has_unfinished_requests():
+        engine.step()
+        assert engine.last_step_scheduled
+    assert engine.step() == [] and not engine.last_step_scheduled
+
+
+def test_the_stop_reason_names_the_stop_that_matched(make_engine, loaded, vocab_size):
+    """Issue 13 (boundary): which stop ended a choice, so /v1/messages can fill
+    `stop_sequence` without decoding tokens again: the string, or the token sequence."""
+    engine = make_engine()
+    (p,) = prompts(1, [6], vocab_size, seed=20)
+    (free,) = engine.generate([p], SamplingParams(max_tokens=12, **GREEDY))
+    ids = free.ordered_choices[0].token_ids
+    assert free.ordered_choices[0].stop_reason is None  # length
+    (by_tokens,) = engine.generate([p], SamplingParams(max_tokens=12, stop_tokens=[[ids[3], ids[4]]],
+                                                       **GREEDY))
+    choice = by_tokens.ordered_choices[0]
+    assert choice.finish_reason == "stop" and choice.stop_reason == (ids[3], ids[4])
+    assert choice.token_ids[-2:] == ids[3:5]
+    text = loaded.tokenizer.decode(ids)
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    (by_string,) = engine.generate([p], SamplingParams(max_tokens=12, stop=["\x00never", stop], **GREEDY))
+    assert by_string.ordered_choices[0].finish_reason == "stop"
+    assert by_string.ordered_choices[0].stop_reason == stop
+
+
+def test_min_tokens_with_a_stop_string_keeps_text_equal_to_tokens(make_engine, loaded, vocab_size):
+    """Issue 13 (defect 4): a stop string seen before `min_tokens` cut the text while
+    the engine kept generating, so `text` no longer matched `tokens`. Stops before
+    min_tokens are not matched at all; for every choice the text is the tokens'
+    text, cut just before the stop only when it finished on it."""
+    engine = make_engine()
+    tok = loaded.tokenizer
+
+    def detokenize(prompt, tokens):  # as the detokenizer sees them: after the prompt's text
+        return tok.decode(prompt + tokens)[len(tok.decode(prompt)):].rstrip("\ufffd")
+    # A prompt whose greedy text shows a printable stop within 4 tokens, long before min_tokens.
+    for seed in range(21, 80):
+        (p,) = prompts(1, [6], vocab_size, seed=seed)
+        (free,) = engine.generate([p], SamplingParams(max_tokens=24, **GREEDY))
+        early = detokenize(p, free.ordered_choices[0].token_ids[:4])
+        windows = [early[i:i + 2] for i in range(len(early) - 1)]
+        stop = next((w for w in windows if w.isascii() and w.isprintable() and w.strip()), None)
+        if stop:
+            break
+    else:
+        pytest.skip("no greedy text with a printable stop early")
+    min_tokens = 10
+    params = [SamplingParams(max_tokens=24, min_tokens=min_tokens, stop=[stop], **GREEDY),
+              SamplingParams(n=4, temperature=1.0, seed=5, max_tokens=24, min_tokens=min_tokens,
+                             stop=[stop], eos_token=[])]
+    for out in engine.generate([p, p], params[0]) + engine.generate([p], params[1]):
+        for c in out.ordered_choices:
+            full = detokenize(p, c.token_ids)  # a trailing incomplete character is held back
+            assert len(c.token_ids) > min_tokens
+            if c.finish_reason == "stop":
+                assert full.startswith(c.text + stop)
+                # It ended on that stop: the stop ends in the last token's text, after min_tokens.
+                assert len(c.text + stop) > len(detokenize(p, c.token_ids[:-1]))
+                assert len(c.text + stop) > len(detokenize(p, c.token_ids[:min_tokens]))
+            else:
+                assert c.text == full and len(c.token_ids) == 24
+    greedy = engine.generate([p], params[0])[0].ordered_choices[0]
+    assert greedy.text.startswith(early)  # the early occurrence stays in the text
     assert_all_blocks_free(engine)

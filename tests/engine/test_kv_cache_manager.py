@@ -221,7 +221,8 @@ def test_ref_counts_with_shared_blocks_through_finish_and_abort():
     kv.free(b)
     check_ref_counts(kv, [a, c])
     # c grows by decoding, then is aborted midway.
-    c.output_token_ids.extend([1, 2, 3, 4])
+    for token in [1, 2, 3, 4]:
+        c.append_output(token)
     assert kv.allocate(c, c.num_tokens)
     check_ref_counts(kv, [a, c])
     kv.free(c)
@@ -238,3 +239,25 @@ def test_pool_reset_prefix_cache_forgets_free_blocks_only():
     pool.release(b0)
     pool.reset_prefix_cache()
     assert pool.lookup(b"x") is None and pool.lookup(b"y") == b1
+
+
+def test_a_decode_step_publishes_only_the_blocks_that_filled():
+    """Issue 13 (defect 15): every step re-published every full block of every
+    running request (64 requests of 4k tokens: 16k dict look-ups per step). Each
+    block is offered to the cache once per residency; after a free, again."""
+    kv = KVCacheManager(32, BS, enable_prefix_caching=True)
+    offered = []
+    publish = kv.pool.publish
+    kv.pool.publish = lambda block, h: (offered.append(block), publish(block, h))
+    r = req("r", list(range(10)))
+    compute(kv, r)  # 10 tokens: 2 full blocks
+    assert offered == r.block_table[:2]
+    for step in range(30):  # decode 30 tokens, one a step
+        r.append_output(100 + step)
+        assert kv.allocate(r, r.num_tokens)
+        r.num_computed_tokens = r.num_tokens
+        kv.cache_full_blocks(r)
+    assert offered == r.block_table[:10]  # 40 tokens: each full block once
+    kv.free(r)
+    compute(kv, r)  # readmitted from its cached blocks: offered again, harmlessly
+    assert offered[10:] == r.block_table[:10] and r.num_cached_tokens == 36

@@ -28,7 +28,8 @@ EOS = frozenset({V - 1})
 
 
 def make_row(prompt, output, eos=EOS, **params) -> SamplingRow:
-    return SamplingRow(SamplingParams(temperature=0.0, **params), list(prompt), list(output), None, eos)
+    return SamplingRow(SamplingParams(temperature=0.0, **params), list(prompt) + list(output), len(prompt),
+                       None, eos)
 
 
 def processed(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -91,7 +92,7 @@ def test_bad_words_match_hf_over_prompt_and_output():
     out = processed(logits, rows)
     some_multi_token_ban = False
     for i, row in enumerate(rows):
-        history = row.prompt_token_ids + row.output_token_ids
+        history = row.token_ids
         expected = hf(NoBadWordsLogitsProcessor(words[i]), history, logits[i]) if words[i] else logits[i]
         assert_same(out[i], expected)
         singles = {w[0] for w in words[i] if len(w) == 1}
@@ -118,7 +119,7 @@ def test_no_repeat_ngram_matches_hf(n):
     out = processed(logits, rows)
     banned_any = False
     for i, row in enumerate(rows):
-        history = row.prompt_token_ids + row.output_token_ids
+        history = row.token_ids
         assert_same(out[i], hf(NoRepeatNGramLogitsProcessor(n), history, logits[i]))
         banned_any |= bool(torch.isinf(out[i]).any())
     assert banned_any
@@ -176,7 +177,7 @@ def test_repetition_penalty_matches_hf():
     logits = torch.randn(len(rows), V) * 3  # both signs matter: divide vs multiply
     out = processed(logits, rows)
     for i, row in enumerate(rows):
-        history = row.prompt_token_ids + row.output_token_ids
+        history = row.token_ids
         if not history:
             assert_same(out[i], logits[i])
             continue
@@ -195,7 +196,7 @@ def test_frequency_and_presence_penalties_count_output_only():
     out = processed(logits, rows)
     for i, row in enumerate(rows):
         expected = logits[i].clone()
-        for tok, c in Counter(row.output_token_ids).items():
+        for tok, c in Counter(row.token_ids[row.num_prompt_tokens:]).items():
             expected[tok] -= c * row.params.frequency_penalty + row.params.presence_penalty
         assert_same(out[i], expected)
 

@@ -27,13 +27,13 @@ sampler = Sampler()
 def make_row(prompt=(1, 2, 3), output=(), seed=0, **params) -> SamplingRow:
     p = SamplingParams(**params)
     gen = None if p.is_greedy else torch.Generator().manual_seed(seed)
-    return SamplingRow(p, list(prompt), list(output), gen, EOS)
+    return SamplingRow(p, list(prompt) + list(output), len(prompt), gen, EOS)
 
 
 def fresh(row: SamplingRow, seed: int) -> SamplingRow:
     """The same row with a new generator in the seed's initial state."""
     gen = None if row.params.is_greedy else torch.Generator().manual_seed(seed)
-    return SamplingRow(row.params, list(row.prompt_token_ids), list(row.output_token_ids), gen, row.eos_token_ids)
+    return SamplingRow(row.params, list(row.token_ids), row.num_prompt_tokens, gen, row.eos_token_ids)
 
 
 def random_rows(rng: random.Random, n: int) -> list[SamplingRow]:
@@ -66,7 +66,7 @@ def random_rows(rng: random.Random, n: int) -> list[SamplingRow]:
 def hf_reference(logits_row: torch.Tensor, row: SamplingRow) -> torch.Tensor:
     """Stages 1-5 for one row, built from transformers' processors (plus the
     OpenAI penalties, which transformers lacks), in the documented order."""
-    p, history = row.params, row.prompt_token_ids + row.output_token_ids
+    p, history = row.params, row.token_ids
     ids = torch.tensor([history])
     x = logits_row[None].clone()
     for tok, b in (p.logit_bias or {}).items():
@@ -75,10 +75,10 @@ def hf_reference(logits_row: torch.Tensor, row: SamplingRow) -> torch.Tensor:
         x = NoBadWordsLogitsProcessor(p.bad_word_tokens)(ids, x)
     if p.no_repeat_ngram > 1:
         x = NoRepeatNGramLogitsProcessor(p.no_repeat_ngram)(ids, x)
-    x = MinNewTokensLengthLogitsProcessor(len(row.prompt_token_ids), p.min_tokens, sorted(EOS))(ids, x)
+    x = MinNewTokensLengthLogitsProcessor(row.num_prompt_tokens, p.min_tokens, sorted(EOS))(ids, x)
     if p.repetition_penalty != 1.0:
         x = RepetitionPenaltyLogitsProcessor(p.repetition_penalty)(ids, x)
-    for tok, c in Counter(row.output_token_ids).items():
+    for tok, c in Counter(row.token_ids[row.num_prompt_tokens:]).items():
         x[0, tok] -= c * p.frequency_penalty + p.presence_penalty
     return x[0]
 
@@ -110,8 +110,19 @@ def test_greedy_row_takes_argmax_of_penalized_logits_ignoring_truncation():
     assert sampler(logits, [row]).token_ids == [2]  # 3.0 / 2 = 1.5 < 2.0
 
 
+@pytest.mark.parametrize("temperature", [1e-45, 1e-30, 1e-7])
+def test_a_tiny_positive_temperature_is_greedy(temperature):
+    """Issue 13 (defect 9): logits divided by 1e-45 overflow to inf and the draw
+    picks garbage; below the sampling epsilon a temperature is greedy, as in vLLM."""
+    torch.manual_seed(3)
+    logits = torch.randn(16, V) * 4
+    rows = [make_row(seed=i, temperature=temperature, top_k=[0, 5][i % 2], top_p=[1.0, 0.8][i // 8])
+            for i in range(16)]
+    assert sampler(logits, rows).token_ids == logits.argmax(dim=1).tolist()
+
+
 def test_random_row_without_generator_is_refused():
-    row = SamplingRow(SamplingParams(), [1], [], None, EOS)
+    row = SamplingRow(SamplingParams(), [1], 1, None, EOS)
     with pytest.raises(ValueError, match="no generator"):
         sampler(torch.zeros(1, V), [row])
 
@@ -248,7 +259,7 @@ def generate(rows: list[SamplingRow], watch: int, steps: int, logits_seed: int =
     for s in range(steps):
         out = sampler(torch.stack([step_logits[s]] * len(rows)), rows)
         for row, tok in zip(rows, out.token_ids):
-            row.output_token_ids.append(tok)
+            row.token_ids.append(tok)
         got.append(out.token_ids[watch])
     return got
 

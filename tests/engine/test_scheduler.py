@@ -60,7 +60,7 @@ class Sim:
             r = s.request
             assert r.num_computed_tokens <= r.num_tokens
             if r.num_computed_tokens == r.num_tokens:
-                r.output_token_ids.append(fake_token(r))
+                r.append_output(fake_token(r))
                 if r.num_output_tokens >= r.max_output_tokens:
                     self.sched.finish(r, RequestStatus.FINISHED_LENGTH)
         self.check_ref_counts()

@@ -122,6 +122,25 @@ def test_compiles_are_cached_by_schema(engine):
     assert engine.structured_outputs.num_compiles == before
 
 
+def test_an_evicted_grammar_never_compiles_on_the_engine_thread(engine):
+    """Issue 13 (boundary, defect 14): validation happens once and hands the
+    compiled grammar on; adding never compiles, even when the cache lost it."""
+    p = chat(engine, "Give me a number.")
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=8,
+                            structured_output=Spec("regex", "[0-9]{3}"))
+    validated = engine.validate(p, params)
+    compiles = engine.structured_outputs.num_compiles
+    engine.structured_outputs._cache.clear()  # what an eviction leaves
+    engine.add_validated("constrained", validated)
+    out = FinalOutput("constrained")
+    while engine.has_unfinished_requests():
+        for step in engine.step():
+            out.add(step)
+    assert engine.structured_outputs.num_compiles == compiles
+    (choice,) = out.ordered_choices
+    assert re.fullmatch("[0-9]{3}", choice.text) and choice.finish_reason == "stop"
+
+
 @pytest.mark.parametrize("spec, words", [
     (Spec("json_schema", {"type": "frobnicate"}), "frobnicate"),
     (Spec("json_schema", {"$ref": "#/$defs/missing"}), "missing"),

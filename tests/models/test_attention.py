@@ -110,3 +110,29 @@ def test_kernel_takes_strided_query():
                                           meta.query_start, meta.context_lens, meta.block_tables, scale)
     torch.testing.assert_close(out.double(), _dense(q, k, v, k_cache, v_cache, tables, scale),
                                atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("impl", ["kernel", "reference"])
+def test_unused_slots_never_reach_an_output(impl):
+    """Issue 13 (defect 8): a NaN or Inf left in a slot no sequence of the step owns
+    (a freed block, the tail of a last block, the padding of a block table) must not
+    reach any output: masking the scores alone still multiplies 0 by NaN."""
+    load_cpu_kernels()
+    q, k, v, k_cache, v_cache, meta, tables = _build_step(torch.float32)
+    owned = torch.zeros(NUM_BLOCKS * BLOCK_SIZE, dtype=torch.bool)
+    for (cached, new), table in zip(STEP, tables):
+        owned[[table[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(cached + new)]] = True
+    poison = torch.tensor([float("nan"), float("inf")]).repeat(NUM_BLOCKS * BLOCK_SIZE // 2)
+    for cache in (k_cache, v_cache):
+        flat = cache.view(-1, NUM_KV_HEADS, HEAD_DIM)
+        flat[~owned] = poison[~owned][:, None, None]
+    scale = HEAD_DIM ** -0.5
+    if impl == "kernel":
+        out = torch.ops.amity.paged_attention(q, k, v, k_cache, v_cache, meta.slot_mapping,
+                                              meta.query_start, meta.context_lens,
+                                              meta.block_tables, scale)
+    else:
+        out = reference_paged_attention(q, k, v, k_cache, v_cache, meta, scale)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), _dense(q, k, v, k_cache, v_cache, tables, scale),
+                               atol=1e-5, rtol=0)
