@@ -22,12 +22,12 @@ import queue
 import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
-from dataclasses import dataclass
 
 from amity.config import EngineConfig
 from amity.engine.client import EngineDeadError, EngineError
 from amity.engine.llm_engine import LLMEngine
 from amity.engine.outputs import RequestOutput
+from amity.engine.request import ValidatedRequest
 from amity.engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("amity.engine")
@@ -55,20 +55,6 @@ class _EngineThread:
                     future.set_result(fn(*args))
                 except BaseException as error:  # handed to whoever waits on the future
                     future.set_exception(error)
-
-
-@dataclass
-class _Prepared:
-    """A validated request, as the engine thread adds it.
-
-    Adaptation point for `LLMEngine.validate` returning a prepared request: then
-    `validate` below returns that object and `_add` passes it to `add_request`
-    instead of these four fields (which `add_request` validates a second time)."""
-
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    embedding_to_replace: list[float] | None
-    token_index_to_replace: list[int] | None
 
 
 class _Stream:
@@ -183,13 +169,12 @@ class AsyncEngine:
 
     async def validate(self, prompt_token_ids: list[int], params: SamplingParams, *,
                        embedding_to_replace: list[float] | None = None,
-                       token_index_to_replace: list[int] | None = None) -> _Prepared:
+                       token_index_to_replace: list[int] | None = None) -> ValidatedRequest:
         # A worker thread: the checks are cheap, compiling a grammar is not.
-        await asyncio.to_thread(self._core.validate, prompt_token_ids, params,
-                                embedding_to_replace, token_index_to_replace)
-        return _Prepared(prompt_token_ids, params, embedding_to_replace, token_index_to_replace)
+        return await asyncio.to_thread(self._core.validate, prompt_token_ids, params,
+                                       embedding_to_replace, token_index_to_replace)
 
-    def generate(self, request_id: str, prepared: _Prepared) -> AsyncIterator[RequestOutput]:
+    def generate(self, request_id: str, prepared: ValidatedRequest) -> AsyncIterator[RequestOutput]:
         if not self.is_healthy():
             raise EngineDeadError(self._dead or "the engine is not running")
         stream = _Stream(self, request_id)
@@ -234,11 +219,10 @@ class AsyncEngine:
     def _publish(self, request_id: str, item) -> None:
         self._loop.call_soon_threadsafe(self._deliver, request_id, item)
 
-    def _add(self, request_id: str, prepared: _Prepared) -> None:
+    def _add(self, request_id: str, prepared: ValidatedRequest) -> None:
         try:
             self._live.add(request_id)
-            self._core.add_request(request_id, prepared.prompt_token_ids, prepared.params,
-                                   prepared.embedding_to_replace, prepared.token_index_to_replace)
+            self._core.add_validated(request_id, prepared)
         except Exception as error:  # a RequestError validation could not foresee, or a bug
             # Roll back whatever the engine kept of it, so nothing orphaned is scheduled.
             self._abort(request_id)
@@ -265,7 +249,6 @@ class AsyncEngine:
                     self._abort(command[1])
 
     def _step(self) -> None:
-        steps_before = self._core.num_steps
         try:
             outputs = self._core.step()
         except Exception as error:
@@ -280,7 +263,7 @@ class AsyncEngine:
         # One wake-up of the event loop per step, not one per request.
         if outputs:
             self._loop.call_soon_threadsafe(self._deliver_step, outputs)
-        if self._core.num_steps == steps_before:
+        if not self._core.last_step_scheduled:
             # Requests remain but none can be scheduled: only a command (a new request,
             # an abort freeing blocks) can change that, so wait for one, not spin.
             self._wakeup.wait()
