@@ -71,7 +71,12 @@ class ServerConfig:
         None, "Also serve /metrics on this port (Friendli Container uses 8281)."
     )
     max_queue_len: int = _opt(
-        256, "Requests waiting for the engine past which new ones get 503 instead of queueing."
+        256, "Generation requests in flight (running or waiting for the engine) past which "
+             "new ones get 503 with Retry-After instead of queueing."
+    )
+    shutdown_timeout: float = _opt(
+        30.0, "Seconds that SIGTERM waits for the requests in flight to finish; the ones "
+              "still running then end with an error (a stream: an error event)."
     )
 
 

@@ -2,10 +2,12 @@
 
 A wire request may be several engine requests (a completions `prompt` list: each
 prompt is its own engine request with its own `n` choices, indexed as OpenAI does:
-prompt i's choice j is choice i * n + j). `Generation` starts them, surfaces their
-`RequestError`s before any response byte is sent (so a bad request is a 422, not a
-broken stream), merges their deltas into one stream, and aborts whatever is still
-running when it is closed: on a finished response, a client hang-up or an error.
+prompt i's choice j is choice i * n + j). `Generation` validates them all, submits
+them together (so they prefill in the same steps), surfaces their `RequestError`s
+before any response byte is sent (so a bad request is a 422, not a broken stream),
+merges their deltas into one stream, and aborts whatever is still running when it is
+closed: on a finished response, a client hang-up or an error. How it ended goes to
+the metrics: finished, bad input, a failure of the server, or a cancel.
 """
 
 import asyncio
@@ -16,11 +18,14 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from amity.engine.async_engine import EngineDeadError
+from amity.engine.client import EngineClient, EngineDeadError
 from amity.engine.errors import RequestError
 from amity.engine.outputs import CompletionOutput, RequestOutput
 from amity.engine.sampling_params import SamplingParams
+from amity.server import protocol
+from amity.server.errors import ClientDisconnected, EngineUnavailable
 from amity.server.protocol import InvalidRequest
+from amity.server.state import ServerState
 
 log = logging.getLogger("amity.server")
 
@@ -47,47 +52,56 @@ class Counts:
         self.completion_tokens += sum(len(o.new_token_ids) for o in step.outputs)
 
 
+def _server_side(error: Exception) -> Exception:
+    """An engine failure as the server reports it: a dead engine is a 503."""
+    if isinstance(error, EngineDeadError):
+        return EngineUnavailable(str(error))
+    return error
+
+
 class Generation:
-    def __init__(self, engine, request_id: str, prompts: list[list[int]], params: SamplingParams,
-                 tracker=None, **generate_kwargs):
+    def __init__(self, engine: EngineClient, request_id: str, prompts: list[list[int]],
+                 params: SamplingParams, tracker=None, **generate_kwargs):
         self.engine = engine
         self.tracker = tracker  # metrics.RequestTracker, or None
         self.request_id = request_id
         self.prompts = prompts
         self.params = params
         self.n = params.n
-        self.generate_kwargs = generate_kwargs
+        self.generate_kwargs = generate_kwargs  # validate()'s keywords
         self.counts = Counts()
         self._iters: list[AsyncIterator[RequestOutput]] = []
         self._first: list[RequestOutput] = []
         self.finished = False
 
     async def start(self) -> None:
-        """Submit every prompt and wait for each one's first step, so that bad input
-        raises `InvalidRequest` here, before a response starts."""
+        """Validate every prompt, submit them all at once and wait for each one's first
+        step, so that bad input raises `InvalidRequest` here, before a response starts."""
         if self.tracker:
             self.tracker.submitted()
         try:
-            # Issue 5: compile the grammar (cached by schema) on a worker thread, so that
-            # neither the event loop nor the engine loop waits for it; refusals are 422s.
-            core = getattr(self.engine, "engine", None)
-            if self.params.structured_output is not None and core is not None:
-                await asyncio.to_thread(core.compile_structured_output, self.params)
-            for i, ids in enumerate(self.prompts):
+            # Off the event loop and the engine thread: validation compiles the grammar.
+            prepared = [await self.engine.validate(ids, self.params, **self.generate_kwargs)
+                        for ids in self.prompts]
+            for i, request in enumerate(prepared):
                 rid = self.request_id if len(self.prompts) == 1 else f"{self.request_id}-{i}"
-                it = aiter(self.engine.generate(rid, ids, self.params, **self.generate_kwargs))
-                self._iters.append(it)
-            for i, it in enumerate(self._iters):
-                self._first.append(await anext(it))
-                self.counts.set_prompt(i, self._first[-1])
-                if self.tracker and self._first[-1].queued_seconds is not None:
-                    self.tracker.scheduled(self._first[-1].queued_seconds)
+                self._iters.append(self.engine.generate(rid, request))
+            firsts = [asyncio.ensure_future(anext(it)) for it in self._iters]
+            try:
+                self._first = list(await asyncio.gather(*firsts))
+            finally:
+                for f in firsts:
+                    f.cancel()
+            for i, first in enumerate(self._first):
+                self.counts.set_prompt(i, first)
+                if self.tracker and first.queued_seconds is not None:
+                    self.tracker.scheduled(first.queued_seconds)
         except RequestError as err:
-            await self.aclose(failed=True)
+            await self.aclose(err)
             raise InvalidRequest.from_request_error(err) from None
-        except EngineDeadError as err:
-            await self.aclose(failed=True)
-            raise EngineUnavailable(str(err)) from None
+        except Exception as err:
+            await self.aclose(err)
+            raise _server_side(err) from None
         except BaseException:  # cancelled: the client left while it queued
             await self.aclose()
             raise
@@ -106,6 +120,9 @@ class Generation:
                     self.tracker.tokens(sum(len(o.new_token_ids) for o in step.outputs))
                 yield i, step
             self.finished = True
+        except Exception as err:
+            await self.aclose(err)
+            raise _server_side(err) from None
         finally:
             await self.aclose()
 
@@ -153,14 +170,29 @@ class Generation:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def aclose(self, failed: bool = False) -> None:
-        """Closing an engine iterator aborts its request and frees its KV blocks."""
+    async def respond(self, request, coro):
+        """Run a non-streaming response (`coro`, which reads `steps()`), cancelled if the
+        client hangs up; the generation is closed however that ends."""
+        try:
+            return await run_unless_disconnected(request, coro)
+        except Exception as err:
+            await self.aclose(err)
+            raise
+        finally:
+            await self.aclose()
+
+    async def aclose(self, error: BaseException | None = None) -> None:
+        """Close the engine streams (aborting what still runs, freeing its KV blocks)
+        and record how the generation ended; only the first call counts. `error`: what
+        ended it, None for a finished run or a cancel."""
         if self.tracker:
             c = self.counts
-            if failed:
-                self.tracker.failed()
-            elif self.finished:
+            if self.finished:
                 self.tracker.finished(c.prompt_tokens, c.completion_tokens, c.cached_tokens)
+            elif isinstance(error, (RequestError, InvalidRequest)):
+                self.tracker.invalid()
+            elif error is not None and not isinstance(error, ClientDisconnected):
+                self.tracker.errored()
             else:
                 self.tracker.cancelled()
         iters, self._iters = self._iters, []
@@ -168,17 +200,31 @@ class Generation:
         # would otherwise cancel the abort itself at its first await.
         with anyio.CancelScope(shield=True):
             for it in iters:
-                close = getattr(it, "aclose", None)
-                if close is not None:
-                    try:
-                        await close()
-                    except Exception:  # noqa: BLE001 - closing must not mask the outcome
-                        log.exception("closing engine request %s", self.request_id)
+                try:
+                    await it.aclose()
+                except Exception:  # noqa: BLE001 - closing must not mask the outcome
+                    log.exception("closing engine request %s", self.request_id)
+
+
+async def start_generation(request, state: ServerState, engine: EngineClient, prefix: str,
+                           prompts: list[list[int]], params: SamplingParams, **kwargs) -> Generation:
+    """Admit, validate, submit and wait for the first step (bad input raises a 422
+    here): the same start for every generating API. `engine` is what `resolve_model`
+    returned."""
+    protocol.check_num_choices(len(prompts), params.n)
+    gen = Generation(engine, new_id(prefix), prompts, params,
+                     tracker=state.admit(len(prompts) * params.n), **kwargs)
+    try:
+        await run_unless_disconnected(request, gen.start())
+    except BaseException as err:  # start() closes itself, unless it never ran
+        await gen.aclose(err if isinstance(err, Exception) else None)
+        raise
+    return gen
 
 
 async def run_unless_disconnected(request, coro):
-    """Run `coro` (a non-streaming generation) but cancel it if the client hangs up, so
-    a departed client's request stops using the engine at once."""
+    """Run `coro` but cancel it if the client hangs up, so a departed client's request
+    stops using the engine at once."""
     task = asyncio.ensure_future(coro)
 
     async def wait_disconnect():
@@ -197,11 +243,3 @@ async def run_unless_disconnected(request, coro):
         await asyncio.gather(task, return_exceptions=True)
         raise ClientDisconnected()
     return task.result()
-
-
-class ClientDisconnected(Exception):
-    pass
-
-
-class EngineUnavailable(Exception):
-    """The engine loop is not running (it failed or is shutting down): a 503."""

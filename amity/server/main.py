@@ -1,8 +1,11 @@
 """`amity serve`: the engine behind uvicorn.
 
 The socket opens before the model loads, so `/health` answers 503 ("loading") until the
-engine is ready and 200 after. SIGTERM (or Ctrl-C) stops accepting connections, lets
-every in-flight request (streams included) finish, then shuts the engine down.
+engine is ready and 200 after. SIGTERM (or Ctrl-C) stops accepting connections and lets
+the in-flight requests (streams included) finish for up to `--shutdown-timeout`
+seconds; then the engine shuts down, the requests still running end with an error
+(a stream: an error event), and the process exits. SIGTERM while the model still
+loads (or compiles) exits at once: the loading thread is a daemon, left behind.
 """
 
 import asyncio
@@ -18,6 +21,7 @@ from starlette.routing import Route
 
 from amity.config import EngineConfig, ServerConfig
 from amity.server.app import build_app
+from amity.server.state import ServerState
 
 log = logging.getLogger("amity.server")
 
@@ -31,12 +35,37 @@ class _QuietServer(uvicorn.Server):
         yield
 
 
-class _MainServer(uvicorn.Server):
-    """SIGTERM/SIGINT drain and stop the server, as uvicorn does, but are not re-raised
-    afterwards: uvicorn's own `capture_signals` re-raises the signal once drained, which
-    kills the process (exit code -15) before the engine shuts down. Stopping on a
-    signal is the normal way to end `amity serve`, so it exits with 0. A second Ctrl-C
-    still forces the exit (uvicorn's `handle_exit`)."""
+class ApiServer(uvicorn.Server):
+    """The API's server. SIGTERM/SIGINT drain and stop it, as uvicorn does, but are not
+    re-raised afterwards: uvicorn's own `capture_signals` re-raises the signal once
+    drained, which kills the process (exit code -15) before the engine shuts down.
+    Stopping on a signal is the normal way to end `amity serve`, so it exits with 0. A
+    second Ctrl-C still forces the exit (uvicorn's `handle_exit`).
+
+    The drain lasts at most `shutdown_timeout_s`: then the engine shuts down, which
+    ends every open stream with an error event, and the connections close. uvicorn's
+    own timeout, a little later, is the backstop (it cancels what is left, silently)."""
+
+    def __init__(self, app, state: ServerState, host: str, port: int, shutdown_timeout_s: float,
+                 log_level: str = "info"):
+        super().__init__(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                        timeout_graceful_shutdown=shutdown_timeout_s + 10))
+        self.state = state
+        self.shutdown_timeout_s = shutdown_timeout_s
+
+    async def shutdown(self, sockets=None) -> None:
+        cutoff = asyncio.get_running_loop().call_later(
+            self.shutdown_timeout_s, lambda: asyncio.ensure_future(self._cut_off()))
+        try:
+            await super().shutdown(sockets)
+        finally:
+            cutoff.cancel()
+
+    async def _cut_off(self) -> None:
+        if self.state.engine is not None:
+            log.warning("requests still in flight %.0f s after the shutdown began "
+                        "(--shutdown-timeout): ending them", self.shutdown_timeout_s)
+            await self.state.engine.shutdown()
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -64,10 +93,8 @@ async def serve_async(engine_config: EngineConfig, server_config: ServerConfig) 
 
     app = build_app(None, server_config)
     state = app.state.amity
-    server = _MainServer(uvicorn.Config(
-        app, host=server_config.host, port=server_config.port, log_level="info",
-        timeout_graceful_shutdown=None,  # drain: wait for every in-flight request
-    ))
+    server = ApiServer(app, state, server_config.host, server_config.port,
+                       server_config.shutdown_timeout)
     servers = [server.serve()]
     metrics_server = None
     if server_config.metrics_port:
@@ -82,7 +109,7 @@ async def serve_async(engine_config: EngineConfig, server_config: ServerConfig) 
     async def load() -> None:
         nonlocal failed
         try:
-            engine = await asyncio.to_thread(AsyncEngine.from_config, engine_config)
+            engine = await AsyncEngine.load(engine_config)
             await engine.start()
         except Exception as err:  # noqa: BLE001 - reported, then the server exits
             log.exception("amity: could not load the model")

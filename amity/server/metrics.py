@@ -52,6 +52,7 @@ class _Counts:
     timeout: int = 0
     nan_error: int = 0
     reject: int = 0
+    error: int = 0
     current_requests: int = 0
 
 
@@ -99,16 +100,21 @@ class ServerMetrics:
             ("friendli_failure_by_timeout", c.timeout, "Requests that timed out."),
             ("friendli_failure_by_nan_error", c.nan_error, "Requests failed by NaN logits."),
             ("friendli_failure_by_reject", c.reject, "Requests refused: queue full."),
+            # amity's own: Friendli has no counter for a failure of the server itself.
+            ("amity_failure_by_error", c.error,
+             "Requests failed by the server or engine (a step that raised, an engine that "
+             "stopped, a shutdown that cut them off)."),
         ):
-            # Friendli's failure counters have no `_total`; typed "counter", Prometheus
-            # would expect one, so they go out untyped under their exact names.
+            # The failure counters have no `_total` (Friendli's names); typed "counter",
+            # Prometheus would expect one, so they go out untyped under their exact names.
             if name.endswith("_total"):
                 m = Metric(name.removesuffix("_total"), doc, "counter")
             else:
                 m = Metric(name, doc, "unknown")
             m.add_sample(name, {}, value)
             yield m
-        yield GaugeMetricFamily("friendli_current_requests", "Requests in flight.", c.current_requests)
+        yield GaugeMetricFamily("friendli_current_requests",
+                                 "Requests in flight (admitted, not finished: what --max-queue-len bounds).", c.current_requests)
         stats = self.engine_stats() if self.engine_stats else None
         if stats:
             running, waiting = stats.get("num_running", 0), stats.get("num_waiting", 0)
@@ -181,8 +187,13 @@ class RequestTracker:
             self.metrics.counts.cancel += 1
             self._leave_queue(time.perf_counter() - self.arrived)  # if it hung up while queued
 
-    def failed(self) -> None:
+    def invalid(self) -> None:
+        """The engine refused it as bad input: none of the failure counters."""
         self._close()
+
+    def errored(self) -> None:
+        if self._close():
+            self.metrics.counts.error += 1
 
     def _close(self) -> bool:
         if self._closed:

@@ -9,11 +9,11 @@ import anthropic
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from amity.config import EngineConfig, ServerConfig
 from amity.engine.async_engine import AsyncEngine
 from amity.server.app import build_app
+from amity.server.main import ApiServer
 
 
 def free_port() -> int:
@@ -23,14 +23,19 @@ def free_port() -> int:
 
 
 class RunningServer:
-    def __init__(self, engine: AsyncEngine, port: int, max_queue_len: int, owns_engine=True):
+    """`amity serve`'s server (ApiServer: its drain and shutdown timeout) in a thread."""
+
+    def __init__(self, engine, port: int, max_queue_len: int = 256, owns_engine=True,
+                 shutdown_timeout: float = 30.0):
         self.engine = engine
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
-        self.app = build_app(engine, ServerConfig(port=port, max_queue_len=max_queue_len),
-                             owns_engine=owns_engine)
-        self.server = uvicorn.Server(uvicorn.Config(
-            self.app, host="127.0.0.1", port=port, log_level="warning"))
+        config = ServerConfig(port=port, max_queue_len=max_queue_len,
+                              shutdown_timeout=shutdown_timeout)
+        self.app = build_app(engine, config, owns_engine=owns_engine)
+        self.state = self.app.state.amity
+        self.server = ApiServer(self.app, self.state, "127.0.0.1", port, shutdown_timeout,
+                                log_level="warning")
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self):

@@ -65,7 +65,7 @@ def served():
     while metrics_port == port:
         metrics_port = free_port()
     with ServerProcess("--port", str(port), "--metrics-port", str(metrics_port),
-                       "--max-num-seqs", "1", "--max-queue-len", "1",
+                       "--max-num-seqs", "1", "--max-queue-len", "2",
                        "--kv-cache-memory", "128MiB") as sp:
         sp.url = f"http://127.0.0.1:{port}"
         sp.metrics_url = f"http://127.0.0.1:{metrics_port}"
@@ -183,8 +183,8 @@ def workload(served) -> Tally:
         tally.items += 1  # refused before it queued: no queueing delay
 
         long = {"max_tokens": LONG_TOKENS, "min_tokens": LONG_TOKENS}
-        # A runs (streaming); B waits behind it (--max-num-seqs 1); then the queue is
-        # full (--max-queue-len 1) and the next two are refused.
+        # A runs (streaming); B waits behind it (--max-num-seqs 1); then the two admitted
+        # and unfinished fill --max-queue-len 2 and the next two are refused.
         with httpx.Client(base_url=url, timeout=120) as a_client, a_client.stream(
                 "POST", "/v1/completions",
                 json={"prompt": "Tell me a very long story.", "stream": True, **long}) as a:

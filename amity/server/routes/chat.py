@@ -1,7 +1,7 @@
 """POST /v1/chat/completions and POST /v1/chat/render."""
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fastapi import APIRouter, Request
@@ -9,12 +9,13 @@ from fastapi import APIRouter, Request
 from amity.engine.outputs import TokenLogprob
 from amity.server import chat_prompt, protocol
 from amity.server import schemas as s
-from amity.server.app import ServerState, error_responses, state_of
-from amity.server.chat_output import ChoiceParser, Pieces
+from amity.server.chat_output import ChoiceParser
+from amity.server.choice_events import choice_events
+from amity.server.errors import error_responses
+from amity.server.generation import Generation, start_generation
 from amity.server.tool_calls import ToolCall, fold_tool_calls
-from amity.server.generation import Generation, run_unless_disconnected
-from amity.server.routes.completions import start_generation
 from amity.server.sse import DONE, SSEResponse, data_frame
+from amity.server.state import ServerState, state_of
 
 router = APIRouter()
 
@@ -22,31 +23,6 @@ STREAM_DOC = {
     "content": {"text/event-stream": {"schema": s.StreamedChatData.model_json_schema()}},
     "description": "With `stream: true`: `chat.completion.chunk`s, then `data: [DONE]`.",
 }
-
-
-@dataclass
-class ChoiceEvent:
-    index: int
-    pieces: Pieces
-    logprobs: list[TokenLogprob] | None
-    finish_reason: str | None  # "tool_calls" when the parser found calls and nothing cut them
-    token_ids: list[int]
-
-
-async def choice_events(gen: Generation, make_parser: Callable[[], ChoiceParser]
-                        ) -> AsyncIterator[ChoiceEvent]:
-    """The engine's deltas, split into reasoning, content and tool calls per choice:
-    the one stream that chat and messages, streaming or not, are all built from."""
-    parsers: dict[int, ChoiceParser] = {}
-    async for index, out in gen.outputs():
-        parser = parsers.get(index) or parsers.setdefault(index, make_parser())
-        pieces = parser.feed(out.new_text)
-        finish = out.finish_reason
-        if finish is not None:
-            pieces = pieces + parser.finish()
-            if parser.made_tool_calls and finish == "stop":  # cut by a limit: still "length"
-                finish = "tool_calls"
-        yield ChoiceEvent(index, pieces, out.new_logprobs, finish, out.new_token_ids)
 
 
 @dataclass
@@ -91,16 +67,14 @@ def translate(body: s.ChatCompletionBody, state: ServerState) -> ChatRequest:
 )
 async def chat_completions(body: s.ChatCompletionBody, request: Request):
     state = state_of(request)
-    state.resolve_model(body.model)
-    chat = translate(body, state)
-    gen = await start_generation(request, state, "chatcmpl", [chat.prompt.token_ids], chat.params)
+    engine = state.resolve_model(body.model)
+    chat = await state.off_loop(translate, body, state)
+    gen = await start_generation(request, state, engine, "chatcmpl", [chat.prompt.token_ids],
+                                 chat.params)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return SSEResponse(_stream(gen, chat, state, include_usage), gen.aclose)
-    try:
-        return await run_unless_disconnected(request, _collect(gen, chat, state))
-    finally:
-        await gen.aclose()
+    return await gen.respond(request, _collect(gen, chat, state))
 
 
 @dataclass
@@ -187,6 +161,7 @@ async def _stream(gen: Generation, chat: ChatRequest, state: ServerState, includ
 async def chat_render(body: s.ChatRenderBody, request: Request):
     state = state_of(request)
     state.resolve_model(body.model)
-    prompt = chat_prompt.render(state.info, chat_prompt.message_dicts(body.messages),
-                                chat_prompt.tool_dicts(body.tools), body.chat_template_kwargs)
+    prompt = await state.off_loop(
+        chat_prompt.render, state.info, chat_prompt.message_dicts(body.messages),
+        chat_prompt.tool_dicts(body.tools), body.chat_template_kwargs)
     return s.ChatRenderSuccess(text=prompt.text)

@@ -7,9 +7,10 @@ from fastapi import APIRouter, Request
 from amity.engine.outputs import FinalOutput
 from amity.server import protocol
 from amity.server import schemas as s
-from amity.server.app import ServerState, error_responses, state_of
-from amity.server.generation import Generation, new_id, run_unless_disconnected
+from amity.server.errors import error_responses
+from amity.server.generation import Generation, start_generation
 from amity.server.sse import DONE, SSEResponse, data_frame
+from amity.server.state import ServerState, state_of
 
 router = APIRouter()
 
@@ -19,18 +20,6 @@ STREAM_DOC = {
 }
 
 
-async def start_generation(request: Request, state: ServerState, prefix: str,
-                           prompts: list[list[int]], params, **kwargs) -> Generation:
-    """Admit, submit and wait for the first step (bad input raises a 422 here) — the
-    same start for every generating API."""
-    protocol.check_num_choices(len(prompts), params.n)
-    state.admit()
-    gen = Generation(state.engine, new_id(prefix), prompts, params,
-                     tracker=state.metrics.track(len(prompts) * params.n), **kwargs)
-    await run_unless_disconnected(request, gen.start())
-    return gen
-
-
 @router.post(
     "/v1/completions",
     response_model=s.CompletionsSuccess,
@@ -38,20 +27,17 @@ async def start_generation(request: Request, state: ServerState, prefix: str,
 )
 async def completions(body: s.CompletionsBody, request: Request):
     state = state_of(request)
-    state.resolve_model(body.model)
-    prompts, params = protocol.completions_request(body, state.info)
+    engine = state.resolve_model(body.model)
+    prompts, params = await state.off_loop(protocol.completions_request, body, state.info)
     gen = await start_generation(
-        request, state, "cmpl", prompts, params,
+        request, state, engine, "cmpl", prompts, params,
         embedding_to_replace=body.embedding_to_replace,
         token_index_to_replace=body.token_index_to_replace,
     )
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return SSEResponse(_stream(gen, state, include_usage), gen.aclose)
-    try:
-        return await run_unless_disconnected(request, _collect(gen, state))
-    finally:
-        await gen.aclose()
+    return await gen.respond(request, _collect(gen, state))
 
 
 async def _collect(gen: Generation, state: ServerState) -> s.CompletionsSuccess:

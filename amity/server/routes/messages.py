@@ -13,14 +13,14 @@ from fastapi import APIRouter, Request
 from amity.engine.structured_output import StructuredOutputSpec
 from amity.server import chat_prompt, protocol
 from amity.server import messages_schemas as m
-from amity.server.app import ServerState, error_responses, state_of
 from amity.server.chat_output import ChoiceParser
-from amity.server.generation import Generation, new_id, run_unless_disconnected
+from amity.server.choice_events import choice_events
+from amity.server.errors import error_responses
+from amity.server.generation import Generation, new_id, start_generation
 from amity.server.protocol import InvalidRequest
-from amity.server.routes.chat import choice_events
-from amity.server.routes.completions import start_generation
 from amity.server.schemas import MessagesErrorResponse
-from amity.server.sse import SSEResponse, event_frame
+from amity.server.sse import SSEResponse, event_frame, messages_error
+from amity.server.state import ServerState, state_of
 from amity.server.tool_calls import ToolCall, fold_tool_calls
 
 router = APIRouter()
@@ -141,16 +141,12 @@ def translate(body: m.MessagesBody, state: ServerState):
 )
 async def messages(body: m.MessagesBody, request: Request):
     state = state_of(request)
-    state.resolve_model(body.model)
-    prompt, params, make_parser = translate(body, state)
-    gen = await start_generation(request, state, "msg", [prompt.token_ids], params)
-    stop = _DecodedStop(state, body.stop_sequences)
+    engine = state.resolve_model(body.model)
+    prompt, params, make_parser = await state.off_loop(translate, body, state)
+    gen = await start_generation(request, state, engine, "msg", [prompt.token_ids], params)
     if body.stream:
-        return SSEResponse(_stream(gen, state, make_parser, stop), gen.aclose)
-    try:
-        return await run_unless_disconnected(request, _collect(gen, state, make_parser, stop))
-    finally:
-        await gen.aclose()
+        return SSEResponse(_stream(gen, state, make_parser), gen.aclose, messages_error)
+    return await gen.respond(request, _collect(gen, state, make_parser))
 
 
 def anthropic_stop(finish_reason: str, stop_reason: str | tuple[int, ...] | None
@@ -165,31 +161,6 @@ def anthropic_stop(finish_reason: str, stop_reason: str | tuple[int, ...] | None
     if isinstance(stop_reason, str):
         return "stop_sequence", stop_reason
     return "end_turn", None
-
-
-class _DecodedStop:
-    """Which stop sequence ended the output, found by decoding the generated tokens
-    (they still hold the matched sequence; only the text is cut). Stands in for
-    `CompletionOutput.stop_reason` until the engine reports it."""
-
-    def __init__(self, state: ServerState, stop_sequences: list[str] | None):
-        self.tokenizer = state.info.tokenizer
-        self.stop_sequences = stop_sequences or []
-        self.token_ids: list[int] = []
-        self.text = ""
-
-    def add(self, token_ids: list[int], text: str) -> None:
-        self.token_ids += token_ids
-        self.text += text
-
-    def resolve(self, finish: str) -> tuple[m.StopReason, str | None]:
-        matched = None
-        if finish == "stop" and self.stop_sequences and self.token_ids and \
-                self.token_ids[-1] not in self.tokenizer.eos_token_ids:
-            full = self.tokenizer.decode(self.token_ids)
-            matched = next((seq for seq in self.stop_sequences
-                            if full.find(seq, max(0, len(self.text) - len(seq))) >= 0), None)
-        return anthropic_stop(finish, matched)
 
 
 def _tool_input(call: ToolCall) -> dict:
@@ -209,7 +180,7 @@ def _usage(gen: Generation, output_tokens: int | None = None) -> m.MessagesUsage
         output_tokens=c.completion_tokens if output_tokens is None else output_tokens)
 
 
-async def _collect(gen, state, make_parser, stop: _DecodedStop) -> m.MessagesSuccess:
+async def _collect(gen, state, make_parser) -> m.MessagesSuccess:
     blocks: list = []
 
     def append(kind: str, text: str) -> None:
@@ -222,11 +193,10 @@ async def _collect(gen, state, make_parser, stop: _DecodedStop) -> m.MessagesSuc
             blocks.append(m.ResponseThinkingBlock(thinking=text) if kind == "thinking"
                           else m.ResponseTextBlock(text=text))
 
-    finish = "stop"
+    finish, matched = "stop", None
     calls: list[ToolCall] = []
     cut: list[int] = []
     async for ev in choice_events(gen, make_parser):
-        stop.add(ev.token_ids, ev.pieces.reasoning + ev.pieces.content)
         append("thinking", ev.pieces.reasoning)
         append("text", ev.pieces.content)
         known = len(calls)
@@ -234,15 +204,16 @@ async def _collect(gen, state, make_parser, stop: _DecodedStop) -> m.MessagesSuc
         blocks += calls[known:]  # in their place among the text; their input is read at the end
         cut += ev.pieces.cut_tool_calls or []
         finish = ev.finish_reason or finish
+        matched = ev.stop_reason or matched
     cut_ids = {id(calls[k]) for k in cut}  # the calls max_tokens cut are left out
     content = [m.ResponseToolUseBlock(id=b.id, name=b.name, input=_tool_input(b))
                if isinstance(b, ToolCall) else b for b in blocks if id(b) not in cut_ids]
-    reason, sequence = stop.resolve(finish)
+    reason, sequence = anthropic_stop(finish, matched)
     return m.MessagesSuccess(id=gen.request_id, model=state.model_name, content=content,
                              stop_reason=reason, stop_sequence=sequence, usage=_usage(gen))
 
 
-async def _stream(gen, state, make_parser, stop: _DecodedStop):
+async def _stream(gen, state, make_parser):
     """Only the spec's events, each with its `event:` line (no ping, no [DONE])."""
     yield event_frame("message_start", {"type": "message_start", "message": {
         "id": gen.request_id, "type": "message", "role": "assistant", "model": state.model_name,
@@ -269,10 +240,9 @@ async def _stream(gen, state, make_parser, stop: _DecodedStop):
         return event_frame("content_block_delta", {
             "type": "content_block_delta", "index": index, "delta": payload})
 
-    finish = "stop"
+    finish, matched = "stop", None
     async for ev in choice_events(gen, make_parser):
         p = ev.pieces
-        stop.add(ev.token_ids, p.reasoning + p.content)
         if p.reasoning:
             if open_kind != "thinking":
                 for f in start("thinking", {"type": "thinking", "thinking": ""}):
@@ -291,9 +261,10 @@ async def _stream(gen, state, make_parser, stop: _DecodedStop):
             if d.arguments:
                 yield delta({"type": "input_json_delta", "partial_json": d.arguments})
         finish = ev.finish_reason or finish
+        matched = ev.stop_reason or matched
     for f in close():
         yield f
-    reason, sequence = stop.resolve(finish)
+    reason, sequence = anthropic_stop(finish, matched)
     yield event_frame("message_delta", {
         "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
         "usage": {"output_tokens": gen.counts.completion_tokens}})

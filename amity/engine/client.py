@@ -1,0 +1,74 @@
+"""The engine client: everything a front end (the HTTP server, later the Suite) may ask
+of an engine, and the errors it may get back.
+
+The server depends on this protocol only, never on `LLMEngine`: an engine is a set of
+model facts, a validation step and per-request output streams. `AsyncEngine`
+implements it; another engine (several models, adapters, a pooling model, a remote
+engine) can stand behind the same server by implementing it too.
+
+A request's life: `validate` checks it and prepares it (compiling its grammar) off
+both the event loop and the engine thread, raising `RequestError` for what the
+client must change; `generate` queues the prepared request at once and returns its
+per-step outputs. Requests queued in the same event-loop turn reach the engine
+together, so their prompts prefill in the same steps. Closing the stream early (or
+`abort`) stops the request and frees its KV blocks.
+"""
+
+from collections.abc import AsyncIterator
+from typing import Protocol, runtime_checkable
+
+from amity.engine.outputs import RequestOutput
+from amity.engine.sampling_params import SamplingParams
+from amity.models.tokenizer import Tokenizer
+
+
+class EngineError(RuntimeError):
+    """The engine failed a request it had accepted (a step raised): the server's
+    fault, never the client's."""
+
+
+class EngineDeadError(EngineError):
+    """The engine loop is not running (it died, or shut down): every request in
+    flight ends with this, and no new one is accepted."""
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    # What the server reads of the model.
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+    @property
+    def model_name(self) -> str: ...
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def is_encoder_decoder(self) -> bool: ...
+
+    async def start(self) -> None:
+        """Start serving (called once, from the event loop that will consume outputs)."""
+
+    async def shutdown(self) -> None:
+        """Stop; every stream still open ends with `EngineDeadError`. Idempotent."""
+
+    def is_healthy(self) -> bool:
+        """False once the engine can no longer serve (its loop died or shut down)."""
+
+    def stats(self) -> dict:
+        """Counters for /metrics: num_running, num_waiting, num_free_blocks, ..."""
+
+    async def validate(self, prompt_token_ids: list[int], params: SamplingParams, *,
+                       embedding_to_replace: list[float] | None = None,
+                       token_index_to_replace: list[int] | None = None) -> object:
+        """The request, checked and prepared for `generate` (opaque to the caller);
+        `RequestError` names the field to change."""
+
+    def generate(self, request_id: str, prepared: object) -> AsyncIterator[RequestOutput]:
+        """Queue `prepared` (from `validate`) now and return its outputs, ending with
+        one whose `finished` is set. Raises `EngineDeadError` when the engine is not
+        running; the stream raises `EngineError` if the engine fails the request.
+        Its `aclose()` before the end aborts the request."""
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request; its stream ends without a finished output."""

@@ -1,0 +1,88 @@
+"""What the routes share: the served model, its engine client, admission, metrics.
+
+Admission counts what the server itself has admitted and not yet finished (the
+`friendli_current_requests` gauge, kept on the event loop where requests arrive), not
+a sample of the engine's queue read from another thread: past
+`ServerConfig.max_queue_len` requests in flight a new one gets a 503, however fast
+they arrive.
+"""
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from amity.config import ServerConfig
+from amity.engine.client import EngineClient
+from amity.server.errors import ApiError
+from amity.server.metrics import RequestTracker, ServerMetrics
+from amity.server.protocol import ModelInfo, TokenPieces
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    engine: EngineClient | None = None
+    model_name: str = ""
+    info: ModelInfo | None = None
+    pieces: TokenPieces | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    metrics: ServerMetrics | None = None
+    load_error: str | None = None
+    # Tokenization and chat templating, off the event loop (a 1 MB prompt must not
+    # stall every stream); one thread, as a fast tokenizer is not safe to share.
+    _preprocessor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="amity-tokenize"))
+
+    def __post_init__(self):
+        if self.metrics is None:
+            self.metrics = ServerMetrics(lambda: self.engine.stats() if self.engine else None)
+
+    def attach(self, engine: EngineClient) -> None:
+        """Make a loaded engine servable (it may arrive after the server is up)."""
+        self.model_name = self.config.served_model_name or engine.model_name
+        self.info = ModelInfo(engine.tokenizer, engine.vocab_size, engine.max_model_len)
+        self.pieces = TokenPieces(engine.tokenizer)
+        self.engine = engine
+
+    def ready_engine(self) -> EngineClient:
+        if self.engine is None:
+            raise ApiError(503, "the model is still loading; retry shortly", type="not_ready",
+                           headers={"Retry-After": "5"})
+        return self.engine
+
+    def resolve_model(self, name: str | None) -> EngineClient:
+        """What serves a request naming `model`: the one place the field is interpreted
+        (LoRA adapters and several models will route here)."""
+        engine = self.ready_engine()
+        if name is not None and name != self.model_name:
+            raise ApiError(
+                404,
+                f"model {name!r} is not served here; use {self.model_name!r} or leave `model` out",
+                loc=("body", "model"), type="model_not_found",
+            )
+        return engine
+
+    def admit(self, num_items: int) -> RequestTracker:
+        """Admit a generation of `num_items` choices, or refuse it once the limit of
+        requests in flight is reached. The tracker's close ends its admission."""
+        in_flight = self.metrics.counts.current_requests
+        if in_flight >= self.config.max_queue_len:
+            self.metrics.reject()
+            raise ApiError(
+                503,
+                f"the server is saturated: {in_flight} requests are in flight "
+                f"(limit {self.config.max_queue_len}); retry later",
+                loc=(), type="overloaded", headers={"Retry-After": "1"},
+            )
+        return self.metrics.track(num_items)
+
+    async def off_loop(self, fn, *args):
+        """`fn(*args)` on the preprocessing thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._preprocessor, fn, *args)
+
+
+def state_of(request: Request) -> ServerState:
+    return request.app.state.amity
