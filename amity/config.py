@@ -75,6 +75,47 @@ class ServerConfig:
     )
 
 
+
+# The Suite (`amity suite`, `amity admin`): kept apart from ServerConfig above.
+@dataclass
+class StoreConfig:
+    data_dir: str = _opt(
+        "~/.local/share/amity/suite",
+        "Directory of the Suite's state: the SQLite database (unless --database-url says "
+        "otherwise) and the local object store.",
+    )
+    database_url: str | None = _opt(
+        None,
+        "SQLAlchemy URL of the database, e.g. postgresql+psycopg://user:pw@host/db. "
+        "Default: sqlite under --data-dir.",
+    )
+
+
+@dataclass
+class SuiteConfig:
+    host: str = _opt("127.0.0.1", "Address to bind.")
+    port: int = _opt(8000, "Port of the Suite's API.")
+    public_url: str | None = _opt(
+        None,
+        "Base URL clients reach the Suite at, used in the upload and download URLs it "
+        "signs. Default: http://HOST:PORT.",
+    )
+    object_store: str = _opt(
+        "local",
+        "Where file bytes live: `local` (a directory under --data-dir, served by the Suite "
+        "through signed URLs) or `s3://BUCKET` (boto3; endpoint and credentials from "
+        "--s3-endpoint-url and the usual AWS environment).",
+    )
+    s3_endpoint_url: str | None = _opt(
+        None, "S3 API endpoint for an S3-compatible store. Default: AWS's, or AWS_ENDPOINT_URL."
+    )
+    max_file_size: str = _opt("1GiB", "Largest file the Files API accepts (e.g. 500MB, 2GiB).")
+    file_ttl_s: int | None = _opt(
+        None, "Seconds after which an uploaded file expires (`expiresAt`). Default: never."
+    )
+    url_ttl_s: int = _opt(3600, "Seconds a signed upload or download URL stays valid.")
+
+
 def _field_type(f: dataclasses.Field) -> type:
     tp = f.type if not isinstance(f.type, str) else eval(f.type, vars(typing), vars(types))  # noqa: S307
     args = [a for a in typing.get_args(tp) if a is not type(None)]

@@ -1,0 +1,1 @@
+"""Datasets (`/beta/dataset...`): datasets, splits, samples and versions."""

@@ -1,0 +1,1 @@
+"""Files: the object stores and the Files API (`/beta/file...`)."""
