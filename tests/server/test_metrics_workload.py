@@ -167,8 +167,9 @@ def workload(served) -> Tally:
             "max_tokens": MAX_TOKENS, "messages": [{"role": "user", "content": "Hi"}]})
         assert res.status_code == 200, res.text
         usage = res.json()["usage"]
-        tally.success(usage["input_tokens"], usage["output_tokens"],
-                      usage["cache_read_input_tokens"] or 0)
+        cached = usage["cache_read_input_tokens"] or 0
+        # Anthropic's meaning: the prompt is input_tokens + cache_read_input_tokens.
+        tally.success(usage["input_tokens"] + cached, usage["output_tokens"], cached)
         assert all(output > 0 for _, output, _ in tally.finished)
 
         # Bad requests. The schema's 422 and the 404 never become generation requests.
