@@ -157,12 +157,13 @@ class AsyncEngine:
     async def shutdown(self) -> None:
         self._stopping = True
         self._wakeup.set()
+        # First, so open streams end even while a step is stuck and the loop cannot stop.
+        self._fail_all("the engine shut down before this request finished")
         if self._running is not None:
             await asyncio.gather(asyncio.wrap_future(self._running), return_exceptions=True)
             # The loop has stopped: the thread is free to release what it still holds.
             await asyncio.gather(asyncio.wrap_future(self._worker.submit(self._abort_live)),
                                  return_exceptions=True)
-        self._fail_all("the engine shut down before this request finished")
 
     def new_request_id(self) -> str:
         return f"req-{next(self._ids)}"

@@ -148,9 +148,6 @@ def test_shutdown_ends_open_streams_with_an_error_event(core):
             assert_error_then_done(stream.rest(), 503)
 
 
-@pytest.mark.xfail(strict=True, reason="AsyncEngine.shutdown awaits the engine loop before it "
-                   "fails the open streams, so a step that never returns keeps them open "
-                   "until uvicorn's backstop cancels them, without an error event")
 def test_shutdown_ends_open_streams_even_while_a_step_is_stuck(core):
     with serving(core) as (running, client):
         stream = OpenStream(client, timeout_s=3)
