@@ -32,15 +32,18 @@ class EngineConfig:
     )
     device: str = _opt("auto", "cpu, cuda, or auto (cuda when available).")
     quantization: str = _opt(
-        "none",
-        "Linear layers as loaded (none; on a CPU through our packed kernel), their weights "
-        "rounded to bfloat16 with float32 activations (bf16-weight), int8 weights and "
-        "per-token int8 activations (int8, for batches), int8 weights with float activations "
-        "(int8-weight), or GGUF Q4_1 weights with int8 activations per block of 32, as "
-        "llama.cpp computes them (int4: the fastest, and on a Q4_1 file its own weights). "
-        "The quantized ones are CPU only; the accuracy cost of each is measured in "
-        "benchmarks/README.md.",
-        choices=("none", "bf16-weight", "int8", "int8-weight", "int4"),
+        "auto",
+        "auto: weights as the file gives them (GGUF Q4_0, Q4_1 and Q8_0 through our kernels for "
+        "those blocks, with int8 activations per block of 32 as llama.cpp computes them; bfloat16 "
+        "weights in bfloat16; float32 in float32; other block types widened to bfloat16), except "
+        "that an explicit --dtype float32 means the float32 reference path (none). none: the "
+        "weights as loaded, through our packed kernel on a CPU. bf16: bfloat16 weights and "
+        "activations, float32 sums (AVX512-BF16 where the CPU has it). bf16-weight: the weights "
+        "rounded to bfloat16, float32 activations. int8: int8 weights and per-token int8 "
+        "activations (for batches). int8-weight: int8 weights, float activations. int4: the "
+        "weights in GGUF Q4_1 (on a Q4_1 file its own blocks). The quantized ones are CPU only; "
+        "the accuracy cost of each is measured in benchmarks/README.md.",
+        choices=("auto", "none", "bf16", "bf16-weight", "int8", "int8-weight", "int4"),
     )
     compile: bool = _opt(
         False,

@@ -31,7 +31,7 @@ from amity.models.compilation import compile_model
 from amity.models.cpu_kernels import load_cpu_kernels
 from amity.models.dtype import resolve_device, resolve_dtype
 from amity.models.loader import LoadedModel, load_model
-from amity.models.quantization import quantize_model
+from amity.models.quantization import quantize_model, resolve_scheme
 
 logger = logging.getLogger("amity.engine")
 
@@ -55,7 +55,8 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
             load_cpu_kernels()
         loaded = loaded or load_model(config.model, self.dtype, self.device)
-        self.model = quantize_model(loaded.model, config.quantization, self.device)
+        self.quantization = resolve_scheme(config.quantization, config.dtype)
+        self.model = quantize_model(loaded.model, self.quantization, self.device, loaded.file_weights)
         if config.compile:
             self.model = compile_model(self.model, self.device)
         self.model_config = loaded.config

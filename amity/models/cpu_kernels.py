@@ -5,7 +5,10 @@ into torch's extension cache (TORCH_EXTENSIONS_DIR, by default
 ~/.cache/torch_extensions) the first time a process needs them, about half a
 minute here, then loads the cached build. They are tuned to the CPU that builds
 them (-march=native), so the build's name carries a digest of that CPU's
-feature flags: a cache shared with another CPU builds its own copy.
+feature flags (and of the sources): a cache shared with another CPU builds its
+own copy. Which instructions a kernel uses is thus fixed per set of flags at
+build time; `cpu_has` tells Python the same (`--quantization auto` picks the
+bfloat16 kernel by it).
 """
 
 import functools
@@ -21,17 +24,31 @@ import torch
 logger = logging.getLogger(__name__)
 
 _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_attention.cpp", "packed_linear.cpp",
-                                                                "q4_1_linear.cpp")]
+                                                                "block_linear.cpp", "bf16_linear.cpp")]
 
 
-def _cpu_digest() -> str:
-    flags = platform.machine()
+@functools.cache
+def _cpu_flags() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            flags += next((line for line in f if line.startswith(("flags", "Features"))), "")
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
     except OSError:
-        pass
-    return hashlib.sha1(flags.encode()).hexdigest()[:10]
+        return ""
+
+
+def cpu_has(flag: str) -> bool:
+    """Whether this CPU reports `flag` (e.g. avx512_bf16): the kernels, built with
+    -march=native, then use it."""
+    return flag in _cpu_flags().split()
+
+
+def _build_digest() -> str:
+    """This CPU's flags and the sources: a build of other sources (another checkout
+    sharing the cache) gets its own name instead of rebuilding this one's."""
+    digest = hashlib.sha1((platform.machine() + _cpu_flags()).encode())
+    for source in _SOURCES:
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:10]
 
 
 @functools.cache
@@ -45,7 +62,7 @@ def load_cpu_kernels() -> None:
     if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     logger.info("loading amity's CPU kernels (the first start on a machine compiles them)")
-    load(name=f"amity_cpu_kernels_{_cpu_digest()}", sources=[str(s) for s in _SOURCES],
+    load(name=f"amity_cpu_kernels_{_build_digest()}", sources=[str(s) for s in _SOURCES],
          extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
          is_python_module=False)
 
@@ -57,6 +74,10 @@ def load_cpu_kernels() -> None:
     def _(x, weight_packed, scale, bias):
         return x.new_empty(x.shape[0], weight_packed.shape[0] * weight_packed.shape[2])
 
-    @torch.library.register_fake("amity::q4_1_linear")
-    def _(x, weight_packed, bias):
+    @torch.library.register_fake("amity::block_linear")
+    def _(x, weight_packed, format, bias):
         return x.new_empty(x.shape[0], weight_packed.shape[0] * 32)  # panels of 32 outputs
+
+    @torch.library.register_fake("amity::bf16_linear")
+    def _(x, weight_packed, bias):
+        return x.new_empty(x.shape[0], weight_packed.shape[0] * 32)

@@ -17,6 +17,7 @@ import torch
 from gguf import GGUFReader
 from transformers import LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
 
+from amity.models.file_weights import FileWeight
 from amity.models.gguf_dequant import dequantize
 
 _ARCHS: dict[str, tuple[type[PretrainedConfig], str]] = {
@@ -226,21 +227,52 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
+def _permuted_heads(reader: GGUFReader, arch: str, gguf_name: str) -> int | None:
+    """llama's q and k rows are permuted in the file (see `_unpermute`): over how many heads."""
+    if arch != "llama":
+        return None
+    heads = int(_meta(reader, f"{arch}.attention.head_count"))
+    if ".attn_q." in gguf_name:
+        return heads
+    if ".attn_k." in gguf_name:
+        return int(_meta(reader, f"{arch}.attention.head_count_kv", heads))
+    return None
+
+
 def iter_gguf_weights(path) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF parameter name, float32 tensor), one tensor dequantized at a time."""
     reader = open_gguf(path)
     arch = _arch(reader)
-    heads = int(_meta(reader, f"{arch}.attention.head_count"))
-    kv_heads = int(_meta(reader, f"{arch}.attention.head_count_kv", heads))
     for t in reader.tensors:
         if t.name in _SKIPPED:
             continue
-        name = _hf_name(t.name)
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         w = dequantize(t.data, t.tensor_type, shape)
-        if arch == "llama":
-            if ".attn_q." in t.name:
-                w = _unpermute(w, heads)
-            elif ".attn_k." in t.name:
-                w = _unpermute(w, kv_heads)
-        yield name, w
+        if heads := _permuted_heads(reader, arch, t.name):
+            w = _unpermute(w, heads)
+        yield _hf_name(t.name), w
+
+
+_FLOAT_TYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def gguf_file_weights(path) -> dict[str, FileWeight]:
+    """HF parameter name -> how the file stores that matrix (file_weights.py); a
+    block type's bytes are read from the memory-mapped file when asked for."""
+    reader = open_gguf(path)
+    arch = _arch(reader)
+    formats = {}
+    for t in reader.tensors:
+        if t.name in _SKIPPED or len(t.shape) != 2:
+            continue
+        kind = t.tensor_type.name
+        if kind in _FLOAT_TYPES:
+            formats[_hf_name(t.name)] = FileWeight(_FLOAT_TYPES[kind])
+            continue
+
+        def blocks(data=t.data, heads=_permuted_heads(reader, arch, t.name)) -> torch.Tensor:
+            rows = torch.from_numpy(np.array(data, dtype=np.uint8))  # a copy: the map is read-only
+            return _unpermute(rows, heads) if heads else rows
+
+        formats[_hf_name(t.name)] = FileWeight(kind, blocks)
+    return formats

@@ -9,7 +9,7 @@ function builds the module and fills it.
 import importlib.util
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -17,6 +17,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 from transformers import AutoConfig
 
+from amity.models.file_weights import FLOAT_KINDS, FileWeight
 from amity.models.llama import MergedLinear
 from amity.models.registry import model_class
 from amity.models.tokenizer import Tokenizer
@@ -40,6 +41,8 @@ class LoadedModel:
     config: object  # transformers PretrainedConfig
     tokenizer: Tokenizer
     path: Path
+    # How the file stores each weight matrix (file_weights.py), for `--quantization auto`.
+    file_weights: dict[str, FileWeight] = field(default_factory=dict)
 
 
 def _checkpoint_files(directory: Path) -> list[Path]:
@@ -78,27 +81,37 @@ def _hf_eos_token_ids(directory: Path) -> set[int]:
     return set(eos) if isinstance(eos, list) else {eos}
 
 
+def _recording_dtypes(weights: Iterable[tuple[str, torch.Tensor]], formats: dict[str, FileWeight]):
+    for name, tensor in weights:
+        if tensor.dim() == 2 and tensor.dtype in FLOAT_KINDS:
+            formats[name] = FileWeight(FLOAT_KINDS[tensor.dtype])
+        yield name, tensor
+
+
 def _source(path: Path):
+    """config, (name, tensor) pairs, EOS ids, and the weights' formats (complete
+    once the pairs are read)."""
     if path.is_file():
         from amity.models import gguf_loader
 
         return (gguf_loader.gguf_config(path), gguf_loader.iter_gguf_weights(path),
-                gguf_loader.gguf_eos_token_ids(path))
+                gguf_loader.gguf_eos_token_ids(path), gguf_loader.gguf_file_weights(path))
     config = AutoConfig.from_pretrained(str(path))
-    return config, iter_checkpoint_weights(path), _hf_eos_token_ids(path)
+    formats: dict[str, FileWeight] = {}
+    return config, _recording_dtypes(iter_checkpoint_weights(path), formats), _hf_eos_token_ids(path), formats
 
 
 def load_model(model_path: str | Path | None, dtype: torch.dtype, device: torch.device) -> LoadedModel:
     path = Path(model_path) if model_path else default_model_path()
     if not path.exists():
         raise FileNotFoundError(f"model path {path} does not exist")
-    config, weights, eos_ids = _source(path)
+    config, weights, eos_ids, file_weights = _source(path)
     model = instantiate(model_class(config), config, dtype, device)
     fill_weights(model, tqdm(weights, desc=f"loading {path.name}", unit="tensor", delay=1.0,
                              total=None, leave=False), path)
     model.eval()
     tokenizer = Tokenizer.from_path(path, extra_eos_token_ids=eos_ids)
-    return LoadedModel(model, config, tokenizer, path)
+    return LoadedModel(model, config, tokenizer, path, file_weights)
 
 
 def instantiate(cls: type, config, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:

@@ -42,9 +42,17 @@ kernels"):
 All are CPU kernels; on a GPU the engine runs the `nn.Linear`s as loaded.
 """
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from amity.models.cpu_kernels import cpu_has
+from amity.models.file_weights import FileWeight
+from amity.models.llama import MergedLinear
+
+logger = logging.getLogger(__name__)
 
 Q4_1_BLOCK = 32  # inputs per Q4_1 block
 PANEL_ROWS = 32  # csrc/packed_linear.cpp's NR
@@ -131,6 +139,29 @@ class PackedLinear(_PanelLinear):
         return torch.ops.amity.packed_linear(x, self.weight_packed, self.weight_scale, self.bias)
 
 
+# csrc/block_linear.cpp's formats: GGUF block type -> the kernel's format number.
+BLOCK_FORMATS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
+_FILE_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # ggml's block_q4_0, block_q4_1, block_q8_0
+
+
+def file_blocks(kind: str, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A GGUF matrix's raw blocks ([out, bytes per row] uint8, as the file holds
+    them) as the kernel's q (uint8 [out, in], stored with the format's zero point
+    added: 8 for Q4_0 as in the file, 128 for Q8_0), d and m (float16 [out, in /
+    32]; m for Q4_1 only), byte for byte."""
+    out_features = rows.shape[0]
+    blocks = rows.reshape(out_features, -1, _FILE_BLOCK_BYTES[kind])
+
+    def halves(at: int) -> torch.Tensor:
+        return blocks[..., at:at + 2].contiguous().view(torch.float16).squeeze(-1)
+
+    if kind == "Q8_0":  # d, then 32 int8 q; stored as q + 128, i.e. the sign bit flipped
+        return (blocks[..., 2:] ^ 0x80).reshape(out_features, -1), halves(0), None
+    quants = blocks[..., 4:] if kind == "Q4_1" else blocks[..., 2:]
+    q = torch.cat([quants & 15, quants >> 4], dim=-1).reshape(out_features, -1)  # element j low, j + 16 high
+    return q, halves(0), halves(2) if kind == "Q4_1" else None
+
+
 def q4_1_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """GGUF's Q4_1 of a float [out, in] weight, as ggml's quantize_row_q4_1_ref makes
     it: per 32 inputs, d = (max - min) / 15 and m = min (stored as float16), and
@@ -151,49 +182,130 @@ def q4_1_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
     return q.reshape(out_features, in_features).to(torch.uint8), d.half(), low.half()
 
 
-class Q4_1Linear(_PanelLinear):
-    """GGUF Q4_1 weights in the panels of csrc/q4_1_linear.cpp, [N / 32, K / 32, 640]
-    uint8, times int8 activations per block of 32 (that file says how and why)."""
+class BlockLinear(_PanelLinear):
+    """Weights in a GGUF block format (`kind`: Q4_0, Q4_1 or Q8_0) in the panels of
+    csrc/block_linear.cpp, [N / 32, K / 32, block bytes] uint8, times int8
+    activations per block of 32 (that file says how and why). q, d, m as
+    `file_blocks` gives them."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, kind: str, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None):
         super().__init__(linear)
-        in_features = linear.weight.shape[1]
-        q, d, m = q4_1_blocks(F.pad(linear.weight.detach().float(), (0, 0, 0, self.padding_rows)))
+        self.format = BLOCK_FORMATS[kind]
+        in_features = q.shape[1]
+        if in_features % Q4_1_BLOCK:
+            raise ValueError(f"{kind} needs in_features divisible by {Q4_1_BLOCK}, got {in_features}")
+        pad = (0, 0, 0, self.padding_rows)  # zero scales: padded rows give zeros
+        q, d = F.pad(q, pad), F.pad(d, pad)
         num_panels, num_blocks = q.shape[0] // PANEL_ROWS, in_features // Q4_1_BLOCK
-        # [panel, block, quad, output, input in quad]; byte 4i + j of a quad holds
-        # output i in its low nibble and output i + 16 in its high one.
+        # [panel, block, quad, output, input in quad]
         q = q.reshape(num_panels, PANEL_ROWS, num_blocks, Q4_1_BLOCK // 4, 4).permute(0, 2, 3, 1, 4)
-        quads = (q[:, :, :, :16] | (q[:, :, :, 16:] << 4)).reshape(num_panels, num_blocks, -1)
+        if kind == "Q8_0":
+            quads = q.reshape(num_panels, num_blocks, -1)
+        else:  # byte 4i + j of a quad: output i in its low nibble, output i + 16 in its high one
+            quads = (q[:, :, :, :16] | (q[:, :, :, 16:] << 4)).reshape(num_panels, num_blocks, -1)
 
         def per_block(scales: torch.Tensor) -> torch.Tensor:  # [out, block] float16 -> [panel, block, 64] bytes
             return scales.reshape(num_panels, PANEL_ROWS, num_blocks).transpose(1, 2).contiguous().view(torch.uint8)
 
-        self.register_buffer("weight_packed", torch.cat([quads, per_block(d), per_block(m)], dim=-1).contiguous())
+        parts = [quads, per_block(d)] + ([per_block(F.pad(m, pad))] if m is not None else [])
+        self.register_buffer("weight_packed", torch.cat(parts, dim=-1).contiguous())
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.amity.q4_1_linear(x, self.weight_packed, self.bias)
+        return torch.ops.amity.block_linear(x, self.weight_packed, self.format, self.bias)
+
+
+def q4_1_linear(linear: nn.Linear) -> BlockLinear:
+    """`int4`: the float weights in Q4_1."""
+    return BlockLinear(linear, "Q4_1", *q4_1_blocks(linear.weight.detach()))
+
+
+class Bf16Linear(_PanelLinear):
+    """`bf16`: bfloat16 weights in the pairs layout of csrc/bf16_linear.cpp,
+    [N / 32, K / 2, 64], times activations rounded to bfloat16, float32 sums."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__(linear)
+        weight = F.pad(linear.weight.detach().bfloat16(), (0, linear.weight.shape[1] % 2, 0, self.padding_rows))
+        in_features = weight.shape[1]
+        # [panel, pair, half, output in half, input in pair]
+        pairs = weight.reshape(-1, 2, 16, in_features // 2, 2).permute(0, 3, 1, 2, 4)
+        self.register_buffer("weight_packed", pairs.reshape(-1, in_features // 2, 2 * PANEL_ROWS).contiguous())
+
+    def kernel(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] % 2:
+            x = F.pad(x, (0, 1))
+        return torch.ops.amity.bf16_linear(x, self.weight_packed, self.bias)
 
 
 _LAYERS = {
     "none": lambda linear: PackedLinear(linear, "loaded"),
+    "bf16": Bf16Linear,
     "bf16-weight": lambda linear: PackedLinear(linear, "bfloat16"),
     "int8": Int8Linear,
     "int8-weight": lambda linear: PackedLinear(linear, "int8"),
-    "int4": Q4_1Linear,
+    "int4": q4_1_linear,
 }
+SCHEMES = ("auto", *_LAYERS)
 # Q4_1 files keep the output matrix at 8 bits (the default model's tied embedding is
 # Q8_0): 4-bit logits cost far more accuracy than 4-bit layers.
 _LM_HEAD_LAYERS = {"int4": _LAYERS["int8-weight"]}
 
 
-def quantize_model(model: nn.Module, scheme: str, device: torch.device) -> nn.Module:
+def resolve_scheme(quantization: str, dtype: str) -> str:
+    """`auto` serves weights as the file gives them, except under an explicit
+    `--dtype float32`: that is the float32 reference path (`none`)."""
+    return "none" if quantization == "auto" and dtype == "float32" else quantization
+
+
+def _bfloat16_scheme() -> str:
+    # vdpbf16ps where the CPU has it; elsewhere bfloat16 weights with float32 activations.
+    return "bf16" if cpu_has("avx512_bf16") else "bf16-weight"
+
+
+def _file_layer(linear: nn.Linear, formats: list[FileWeight]) -> nn.Module:
+    """`auto`: the layer for `linear` whose weight the file stores as `formats`
+    (one per shard of a MergedLinear, in order)."""
+    kinds = {f.kind for f in formats}
+    kind = next(iter(kinds)) if len(kinds) == 1 else None
+    if kind in BLOCK_FORMATS:
+        parts = [file_blocks(kind, f.blocks()) for f in formats]
+        q, d, m = (None if part[0] is None else torch.cat(part) for part in zip(*parts))
+        return BlockLinear(linear, kind, q, d, m)
+    if kind == "bfloat16":
+        return _LAYERS[_bfloat16_scheme()](linear)
+    if not formats or kinds <= {"float32", "float16"}:  # float16 widens to float32 exactly
+        return PackedLinear(linear, "loaded")
+    # A block type without a kernel of ours (Q5_*, K-quants) or shards of different
+    # types: bfloat16, as llama.cpp's converters widen what they cannot keep.
+    logger.info("%s weights (%s) run in bfloat16: no kernel for them as they are",
+                "/".join(sorted(kinds)), "x".join(map(str, linear.weight.shape)))
+    return _LAYERS[_bfloat16_scheme()](linear)
+
+
+def _checkpoint_names(model: nn.Module) -> dict[int, list[str]]:
+    """id(nn.Linear) -> the checkpoint names of its weight: a MergedLinear's shards
+    in order; a tied LM head's is the embedding's."""
+    param_names = {id(p): name for name, p in model.named_parameters()}  # a tied weight: its first name
+    names = {}
+    for qualified, module in model.named_modules():
+        if isinstance(module, MergedLinear):
+            parent = qualified.rpartition(".")[0]
+            names[id(module)] = [f"{parent}.{shard}.weight".lstrip(".") for shard in module.shard_names]
+        elif isinstance(module, nn.Linear):
+            names[id(module)] = [param_names[id(module.weight)]]
+    return names
+
+
+def quantize_model(model: nn.Module, scheme: str, device: torch.device,
+                   file_weights: dict[str, FileWeight] | None = None) -> nn.Module:
     """Replace every `nn.Linear` of `model` (the LM head included, in int8 for
-    `int4`) by its CPU layer, in place; the token embedding stays as loaded. On a
-    GPU, `none` keeps the `nn.Linear`s."""
-    if scheme not in _LAYERS:
-        raise ValueError(f"quantization {scheme!r} is not one of {list(_LAYERS)}")
+    `int4`) by its CPU layer, in place; the token embedding stays as loaded. `auto`
+    picks each layer by how the file stores its weight (`file_weights`, from the
+    loader; without one, `none`). On a GPU, `none` and `auto` keep the `nn.Linear`s."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"quantization {scheme!r} is not one of {list(SCHEMES)}")
     if device.type != "cpu":
-        if scheme == "none":
+        if scheme in ("none", "auto"):
             return model
         raise ValueError(f"--quantization {scheme} uses CPU kernels; on {device.type} use "
                          "--quantization none")
@@ -205,10 +317,17 @@ def quantize_model(model: nn.Module, scheme: str, device: torch.device) -> nn.Mo
             raise ValueError(f"this model's linear layers are already {done!r}; load it again for {scheme!r}")
         return model
     lm_head = getattr(model, "lm_head", None)
+    names = _checkpoint_names(model) if scheme == "auto" else {}
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                layer = _LM_HEAD_LAYERS.get(scheme, _LAYERS[scheme]) if child is lm_head else _LAYERS[scheme]
-                setattr(parent, name, layer(child))
+            if not isinstance(child, nn.Linear):
+                continue
+            if scheme == "auto":
+                formats = [file_weights[n] for n in names[id(child)] if n in (file_weights or {})]
+                layer = _file_layer(child, formats if len(formats) == len(names[id(child)]) else [])
+            else:
+                make = _LM_HEAD_LAYERS.get(scheme, _LAYERS[scheme]) if child is lm_head else _LAYERS[scheme]
+                layer = make(child)
+            setattr(parent, name, layer)
     model.amity_linear_scheme = scheme
     return model

@@ -12,7 +12,8 @@ from amity.engine.llm_engine import LLMEngine
 from amity.engine.sampling_params import SamplingParams
 from amity.models.loader import load_model
 from amity.models.cpu_kernels import load_cpu_kernels
-from amity.models.quantization import Int8Linear, PackedLinear, Q4_1Linear, q4_1_blocks, quantize_model
+from amity.models.quantization import (Bf16Linear, BlockLinear, Int8Linear, PackedLinear, q4_1_blocks, q4_1_linear,
+                                      quantize_model)
 from tests.models.test_parity import engine_logits
 
 
@@ -113,7 +114,7 @@ def test_q4_1_linear_is_its_definition_and_batch_invariant(dtype):
     torch.manual_seed(0)
     out_features, in_features = 51, 320  # two panels, the second padded; ten blocks
     linear = _linear(out_features, in_features, torch.randn(out_features, in_features) * 0.05)
-    layer = Q4_1Linear(linear)
+    layer = q4_1_linear(linear)
     q, d, m = q4_1_blocks(linear.weight.detach())
     assert layer.weight_packed.shape == (2, 10, 640) and q.max() == 15 and q.min() == 0
     dequantized = (q.reshape(out_features, -1, 32) * d.float()[..., None] + m.float()[..., None]).reshape_as(q)
@@ -132,7 +133,7 @@ def test_q4_1_linear_is_its_definition_and_batch_invariant(dtype):
         exact = x.double() @ dequantized.double().t() + linear.bias.double()
         assert (got.double() - exact).abs().max() < 0.03 * exact.abs().max()
     # Without a bias.
-    layer = Q4_1Linear(_linear(64, 32, torch.randn(64, 32), bias=False))
+    layer = q4_1_linear(_linear(64, 32, torch.randn(64, 32), bias=False))
     x = torch.randn(40, 32)
     assert layer.bias is None and torch.equal(layer(x)[17:18], layer(x[17:18]))
 
@@ -164,7 +165,7 @@ def test_q4_1_blocks_are_the_default_models_own():
 
 def test_int4_refuses_inputs_that_do_not_fill_blocks():
     with pytest.raises(ValueError, match="divisible by 32"):
-        Q4_1Linear(nn.Linear(40, 8))
+        q4_1_linear(nn.Linear(40, 8))
 
 
 def test_quantize_model_replaces_every_linear_but_keeps_the_tied_embedding(tiny_model_factory):
@@ -188,7 +189,7 @@ def test_quantize_model_replaces_every_linear_but_keeps_the_tied_embedding(tiny_
         quantize_model(loaded.model, "int4", torch.device("cuda"))
     # int4 keeps the LM head at 8 bits, as Q4_1 files keep their output matrix.
     int4 = quantize_model(unquantized_int4, "int4", torch.device("cpu"))
-    assert isinstance(int4.model.layers[0].mlp.down_proj, Q4_1Linear)
+    assert isinstance(int4.model.layers[0].mlp.down_proj, BlockLinear)
     assert isinstance(int4.lm_head, PackedLinear) and int4.lm_head.weight_packed.dtype == torch.int8
     with pytest.raises(ValueError, match="not one of"):
         quantize_model(loaded.model, "fp8", torch.device("cpu"))

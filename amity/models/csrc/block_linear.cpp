@@ -1,0 +1,268 @@
+// y = x W^T (+ bias) on the CPU for weights in GGUF's block formats, computed the
+// way llama.cpp's CPU backend does: each token's activations are quantized to
+// int8 per block of 32 inputs (a scale dx, as in Q8_0 / Q8_1), a block's dot
+// products are exact int32 sums (AVX-512 VNNI: 64 multiply-adds an instruction),
+// and each block adds to a float32 accumulator
+//     Q4_0: d dx sum_k((q_k - 8) qx_k)             (w = d (q - 8), q 4-bit)
+//     Q4_1: d dx sum_k(q_k qx_k) + m (dx sum_k qx_k) (w = d q + m, q 4-bit)
+//     Q8_0: d dx sum_k(q_k qx_k)                    (w = d q, q int8)
+// with d and m the file's float16 scales. The weights stream at 4.5-8.5 bits
+// each and one instruction does the work of four float32 fmas, so a single
+// stream is bound by memory and a prefill by int8 throughput.
+//
+// Numbers: a token's int8 activations and block scales depend on that token
+// alone, the integer sums are exact, and the float steps run in one order for
+// every token, so a token's outputs are the same bits whatever its batch, tile
+// or thread.
+//
+// Layout ([N / 32, K / 32, BLOCK_BYTES] uint8): panels of 32 outputs, each its
+// K / 32 blocks in order (one stream of bytes). A block is 8 quads (4 inputs x 32
+// outputs), then d[32] (and for Q4_1 m[32]) as float16. 4-bit quads are 64
+// bytes: byte 4i + j holds q of output i (low nibble) and of output i + 16 (high
+// nibble) at input 4g + j, so the low nibbles are VNNI's 16 lanes x 4 inputs for
+// outputs 0-15 and the high ones for 16-31. 8-bit quads are 128 bytes, outputs
+// 0-15 then 16-31, each q stored as q + 128 (VNNI multiplies unsigned by signed
+// bytes; the 128 comes off the integer sum exactly, as Q4_0's 8 does).
+
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define AMITY_BLOCK_VNNI 1
+#endif
+
+namespace amity {
+at::Tensor contiguous_as(const at::Tensor& t, at::ScalarType dtype);  // packed_linear.cpp
+}
+using amity::contiguous_as;
+
+namespace {
+
+constexpr int64_t NR = 32;  // outputs per panel
+constexpr int64_t KB = 32;  // inputs per block
+constexpr int MR = 8;       // tokens per tile: 16 int32 sums in registers
+
+enum Format : int64_t { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 };
+
+template <int F>
+struct Layout {
+  static constexpr bool nibbles = F != Q8_0;
+  static constexpr int64_t quad_bytes = nibbles ? 64 : 128;
+  static constexpr int64_t scales = KB / 4 * quad_bytes;                   // offset of d[NR]
+  static constexpr int64_t block_bytes = scales + (F == Q4_1 ? 2 : 1) * NR * 2;
+  static constexpr int32_t zero = F == Q4_0 ? 8 : F == Q8_0 ? 128 : 0;   // stored q - zero = q
+  static constexpr int64_t ahead = 4096 / block_bytes + 1;                 // blocks prefetched, ~4 KiB
+};
+
+int64_t block_bytes(int64_t format) {
+  return format == Q4_0 ? Layout<Q4_0>::block_bytes : format == Q4_1 ? Layout<Q4_1>::block_bytes
+                                                                      : Layout<Q8_0>::block_bytes;
+}
+
+// A token's activations per block of 32: q = round(x * (1 / dx)) (ties to even)
+// with dx = max|x| / 127, n = sum(q), and s = dx * n for Q4_1's offsets.
+struct Activations {
+  const int8_t* q;   // [T, K]
+  const float* d;    // [T, K / 32]
+  const float* s;    // [T, K / 32]
+  const int32_t* n;  // [T, K / 32]
+};
+
+void quantize_block(const float* x, int8_t* q, float& d, float& s, int32_t& n) {
+#ifdef AMITY_BLOCK_VNNI
+  const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+  d = amax / 127.f;
+  const __m512 inverse = _mm512_set1_ps(d != 0.f ? 1.f / d : 0.f);
+  // cvtps rounds as MXCSR says: to nearest, ties to even.
+  const __m512i q_lo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, inverse));
+  const __m512i q_hi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, inverse));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(q_lo));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(q_hi));
+  n = _mm512_reduce_add_epi32(_mm512_add_epi32(q_lo, q_hi));
+#else
+  float amax = 0.f;
+  for (int64_t k = 0; k < KB; ++k) amax = std::max(amax, std::fabs(x[k]));
+  d = amax / 127.f;
+  const float inverse = d != 0.f ? 1.f / d : 0.f;
+  n = 0;
+  for (int64_t k = 0; k < KB; ++k) {
+    const int v = std::clamp(static_cast<int>(std::nearbyint(x[k] * inverse)), -127, 127);
+    q[k] = static_cast<int8_t>(v);
+    n += v;
+  }
+#endif
+  s = d * static_cast<float>(n);
+}
+
+// acc[m][0 .. NR) += the panel's outputs for M tokens from m0, every block.
+template <int F, int M>
+void tile(const uint8_t* panel, int64_t K, const Activations& a, int64_t m0, float* acc) {
+  using L = Layout<F>;
+  const int64_t num_blocks = K / KB;
+#ifdef AMITY_BLOCK_VNNI
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const uint8_t* block = panel + b * L::block_bytes;
+    // Prefetched well ahead: one core's demand misses alone read memory at a
+    // fraction of its bandwidth on this kind of machine.
+    for (int64_t line = 0; line < L::block_bytes; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(block + L::ahead * L::block_bytes + line), _MM_HINT_T0);
+    __m512i sum[M][2];
+    for (int m = 0; m < M; ++m) sum[m][0] = sum[m][1] = _mm512_setzero_si512();
+    // Straight-line: rolled, gcc moves the sums between registers every quad
+    // (1.4-1.7x slower at 128 tokens).
+#pragma GCC unroll 8
+    for (int64_t g = 0; g < KB / 4; ++g) {
+      __m512i lo, hi;
+      if constexpr (L::nibbles) {
+        const __m512i v = _mm512_loadu_si512(block + g * L::quad_bytes);
+        lo = _mm512_and_si512(v, low4);
+        hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+      } else {
+        lo = _mm512_loadu_si512(block + g * L::quad_bytes);
+        hi = _mm512_loadu_si512(block + g * L::quad_bytes + 64);
+      }
+      for (int m = 0; m < M; ++m) {
+        int32_t four;
+        std::memcpy(&four, a.q + (m0 + m) * K + b * KB + g * 4, 4);
+        const __m512i xq = _mm512_set1_epi32(four);
+        sum[m][0] = _mm512_dpbusd_epi32(sum[m][0], lo, xq);
+        sum[m][1] = _mm512_dpbusd_epi32(sum[m][1], hi, xq);
+      }
+    }
+    const __m256i* scales = reinterpret_cast<const __m256i*>(block + L::scales);
+    const __m512 d[2] = {_mm512_cvtph_ps(_mm256_loadu_si256(scales)), _mm512_cvtph_ps(_mm256_loadu_si256(scales + 1))};
+    for (int m = 0; m < M; ++m) {
+      const int64_t row = (m0 + m) * num_blocks + b;
+      const __m512 dx = _mm512_set1_ps(a.d[row]);
+      const __m512i correction = _mm512_set1_epi32(L::zero * a.n[row]);
+      for (int h = 0; h < 2; ++h) {
+        float* c = acc + m * NR + h * 16;
+        const __m512i exact = L::zero ? _mm512_sub_epi32(sum[m][h], correction) : sum[m][h];
+        __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(d[h], dx), _mm512_loadu_ps(c));
+        if constexpr (F == Q4_1)
+          v = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(scales + 2 + h)), _mm512_set1_ps(a.s[row]), v);
+        _mm512_storeu_ps(c, v);
+      }
+    }
+  }
+#else
+  // Other CPUs: the same integer sums and float steps, one output at a time.
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const uint8_t* block = panel + b * L::block_bytes;
+    const c10::Half* scales = reinterpret_cast<const c10::Half*>(block + L::scales);
+    for (int m = 0; m < M; ++m) {
+      const int8_t* xq = a.q + (m0 + m) * K + b * KB;
+      const int64_t row = (m0 + m) * num_blocks + b;
+      for (int64_t n = 0; n < NR; ++n) {
+        int32_t sum = 0;
+        for (int64_t k = 0; k < KB; ++k) {
+          int32_t stored;
+          if constexpr (L::nibbles) {
+            const uint8_t byte = block[k / 4 * L::quad_bytes + (n % 16) * 4 + k % 4];
+            stored = n < 16 ? byte & 15 : byte >> 4;
+          } else {
+            stored = block[k / 4 * L::quad_bytes + (n / 16) * 64 + (n % 16) * 4 + k % 4];
+          }
+          sum += stored * xq[k];
+        }
+        sum -= L::zero * a.n[row];
+        float& c = acc[m * NR + n];
+        c = std::fma(static_cast<float>(sum), static_cast<float>(scales[n]) * a.d[row], c);
+        if constexpr (F == Q4_1) c = std::fma(static_cast<float>(scales[NR + n]), a.s[row], c);
+      }
+    }
+  }
+#endif
+}
+
+struct Problem {
+  Activations a;
+  const uint8_t* weight;
+  const float* bias;  // [N] or null
+  float* out;         // [T, N]
+  int64_t T, K, N;
+};
+
+template <int F>
+void run_panel(const Problem& pb, int64_t panel) {
+  const uint8_t* w = pb.weight + panel * (pb.K / KB) * Layout<F>::block_bytes;
+  alignas(64) float acc[MR * NR];
+  for (int64_t m0 = 0; m0 < pb.T; m0 += MR) {
+    const int64_t count = std::min<int64_t>(MR, pb.T - m0);
+    std::fill(acc, acc + count * NR, 0.f);
+    switch (count) {
+#define AMITY_TILE(M) case M: tile<F, M>(w, pb.K, pb.a, m0, acc); break;
+      AMITY_TILE(1) AMITY_TILE(2) AMITY_TILE(3) AMITY_TILE(4) AMITY_TILE(5) AMITY_TILE(6)
+      AMITY_TILE(7) AMITY_TILE(8)
+#undef AMITY_TILE
+      default: break;
+    }
+    for (int64_t m = 0; m < count; ++m) {
+      float* out = pb.out + (m0 + m) * pb.N + panel * NR;
+      for (int64_t j = 0; j < NR; ++j) out[j] = acc[m * NR + j] + (pb.bias ? pb.bias[panel * NR + j] : 0.f);
+    }
+  }
+}
+
+template <int F>
+void run(const Problem& pb, bool parallel) {
+  // Tasks of a few panels, handed out one at a time: a thread that loses its core
+  // to the server's event loop leaves its panels to the other thread.
+  const int64_t num_panels = pb.N / NR;
+  const int64_t panels_per_task = pb.T <= MR ? 4 : 1;
+  const int64_t num_tasks = (num_panels + panels_per_task - 1) / panels_per_task;
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+  for (int64_t task = 0; task < num_tasks; ++task)
+    for (int64_t panel = task * panels_per_task; panel < std::min(num_panels, (task + 1) * panels_per_task); ++panel)
+      run_panel<F>(pb, panel);
+}
+
+}  // namespace
+
+// x [T, K] float32 or bfloat16, K a multiple of 32; weight [N / 32, K / 32,
+// block bytes] uint8 as above; format 0 (Q4_0), 1 (Q4_1) or 2 (Q8_0); bias [N]
+// or undefined. Returns [T, N] in x's dtype.
+at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t format,
+                        const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "amity::block_linear takes a 2-D CPU input");
+  TORCH_CHECK(format == Q4_0 || format == Q4_1 || format == Q8_0, "amity::block_linear: unknown format");
+  TORCH_CHECK(weight.scalar_type() == at::kByte && weight.dim() == 3 && weight.size(2) == block_bytes(format) &&
+                  weight.is_contiguous(),
+              "amity::block_linear: weight must be contiguous uint8 [N / 32, K / 32, block bytes]");
+  TORCH_CHECK(weight.size(1) * KB == x.size(1), "weight and input disagree on in_features");
+  const int64_t T = x.size(0), K = x.size(1), N = weight.size(0) * NR;
+  const at::Tensor x32 = contiguous_as(x, at::kFloat);
+  const at::Tensor bias32 = bias.has_value() ? contiguous_as(*bias, at::kFloat) : at::Tensor();
+  at::Tensor x_q = at::empty({T, K}, x.options().dtype(at::kChar));
+  at::Tensor x_scales = at::empty({2, T, K / KB}, x32.options());
+  at::Tensor x_sums = at::empty({T, K / KB}, x.options().dtype(at::kInt));
+  at::Tensor out = at::empty({T, N}, x32.options());
+  const float* xp = x32.data_ptr<float>();
+  int8_t* qp = x_q.data_ptr<int8_t>();
+  float* dp = x_scales.data_ptr<float>();
+  float* sp = dp + T * (K / KB);
+  int32_t* np = x_sums.data_ptr<int32_t>();
+  for (int64_t i = 0; i < T * (K / KB); ++i) quantize_block(xp + i * KB, qp + i * KB, dp[i], sp[i], np[i]);
+  const Problem pb{{qp, dp, sp, np}, weight.data_ptr<uint8_t>(),
+                   bias32.defined() ? bias32.data_ptr<float>() : nullptr, out.data_ptr<float>(), T, K, N};
+  const bool parallel = T > 0 && weight.numel() >= (128 << 10);  // waking a thread pays past ~64 KiB each
+  if (format == Q4_0) run<Q4_0>(pb, parallel);
+  else if (format == Q4_1) run<Q4_1>(pb, parallel);
+  else run<Q8_0>(pb, parallel);
+  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+}
+
+TORCH_LIBRARY_FRAGMENT(amity, m) {
+  m.def("block_linear(Tensor x, Tensor weight, int format, Tensor? bias) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(amity, CPU, m) {
+  m.impl("block_linear", &block_linear);
+}
