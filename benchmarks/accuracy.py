@@ -1,0 +1,53 @@
+"""Each `--quantization` scheme against the float32 path on the same weights:
+teacher-forced logits over three ~700-token texts (the GPL-3, a Python source file
+of amity, amity's README), KL(float32 || scheme) per position and how often the
+argmax agrees. Prints one JSON line per scheme and text.
+
+    .venv/bin/python benchmarks/accuracy.py --schemes auto bf16 bf16-weight int4
+
+`auto` is what the server runs by default (on the default model: its Q4_1 and Q8_0
+blocks); `--dtype` applies to the schemes, the reference is always float32.
+"""
+
+import argparse
+import copy
+import json
+from pathlib import Path
+
+import torch
+
+from amity.config import EngineConfig
+from amity.engine.llm_engine import LLMEngine
+from amity.models.loader import load_model
+from tests.models.test_parity import engine_logits
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXTS = {"GPL-3": Path("/usr/share/common-licenses/GPL-3"), "Python": ROOT / "amity" / "engine" / "scheduler.py",
+         "README": ROOT / "README.md"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--schemes", nargs="+", default=["auto", "bf16", "bf16-weight", "int8-weight", "int4"])
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--tokens", type=int, default=700)
+    args = parser.parse_args()
+    loaded = load_model(args.model, torch.float32, torch.device("cpu"))
+    texts = {name: loaded.tokenizer.encode(path.read_text())[:args.tokens]
+             for name, path in TEXTS.items() if path.exists()}
+    config = dict(model=args.model, kv_cache_memory="256MiB", max_num_batched_tokens=4096)
+    reference_engine = LLMEngine(EngineConfig(dtype="float32", **config), copy.deepcopy(loaded))
+    references = {name: engine_logits(reference_engine, ids).log_softmax(-1) for name, ids in texts.items()}
+    for scheme in args.schemes:
+        engine = LLMEngine(EngineConfig(dtype=args.dtype, quantization=scheme, **config), copy.deepcopy(loaded))
+        for name, ids in texts.items():
+            reference, logprobs = references[name], engine_logits(engine, ids).float().log_softmax(-1)
+            kl = (reference.exp() * (reference - logprobs)).sum(-1).mean().item()
+            agree = (reference.argmax(-1) == logprobs.argmax(-1)).float().mean().item()
+            print(json.dumps({"scheme": scheme, "text": name, "tokens": len(ids), "kl": round(kl, 5),
+                              "argmax_agreement": round(agree, 4)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
