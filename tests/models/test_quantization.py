@@ -195,7 +195,7 @@ def test_quantize_model_replaces_every_linear_but_keeps_the_tied_embedding(tiny_
         quantize_model(loaded.model, "fp8", torch.device("cpu"))
 
 
-@pytest.mark.parametrize("scheme", ["none", "bf16-weight", "int8", "int8-weight", "int4"])
+@pytest.mark.parametrize("scheme", ["none", "bf16", "bf16-weight", "int8", "int8-weight", "int4"])
 def test_quantized_engine_batches_like_it_runs_alone(tiny_model_factory, scheme):
     path = tiny_model_factory("llama")
     engine = LLMEngine(EngineConfig(model=str(path), dtype="float32", kv_cache_memory="16MiB",
@@ -237,7 +237,7 @@ def test_quantized_default_model_stays_close_to_float32(default_model, scheme):
     assert kl < 0.12 and top1 > 0.75, (kl, top1)
 
 
-@pytest.mark.parametrize("scheme", ["none", "bf16-weight", "int8", "int8-weight", "int4"])
+@pytest.mark.parametrize("scheme", ["auto", "none", "bf16", "bf16-weight", "int8", "int8-weight", "int4"])
 def test_every_layer_takes_a_batch_of_no_rows(scheme):
     # A step whose only sequence is mid-prefill samples nothing: its LM head gets 0 rows.
     load_cpu_kernels()
