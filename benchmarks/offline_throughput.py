@@ -68,13 +68,15 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--quantization", nargs="+", default=["none"],
-                        help="amity runs once per scheme listed (none, bf16-weight, int8, int8-weight, int4)")
+                        help="amity runs once per scheme listed (auto, none, bf16, bf16-weight, int8, int8-weight, int4)")
     parser.add_argument("--compile", action="store_true", help="amity with --compile (torch.compile)")
     parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--num-threads", type=int, default=None, help="amity's CPU threads (default: all cores)")
     args = parser.parse_args()
 
     engines = {q: LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, kv_cache_memory="1GiB",
-                                         quantization=q, compile=args.compile))
+                                         quantization=q, compile=args.compile,
+                                         num_threads=args.num_threads))
                for q in args.quantization}
     first = next(iter(engines.values()))
     dtype = resolve_dtype(args.dtype, first.device)
