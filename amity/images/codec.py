@@ -7,7 +7,7 @@ import base64
 import io
 import warnings
 
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 JPEG_QUALITY = 95
 
@@ -28,10 +28,12 @@ def decode(data: bytes, loc: tuple) -> Image.Image:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data))
             image.load()
+    except UnidentifiedImageError:
+        raise BadImage("the image could not be decoded: not a format we read (send PNG, "
+                       "JPEG, WebP, ...)", loc) from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError,
             Image.DecompressionBombWarning) as err:
-        raise BadImage(f"the image could not be decoded ({type(err).__name__}: {err}); "
-                       "send a PNG, JPEG, WebP or another format PIL reads", loc) from None
+        raise BadImage(f"the image could not be decoded ({err})", loc) from None
     return image.convert("RGB")
 
 

@@ -98,13 +98,15 @@ async def _fetch(url: str, policy: FetchPolicy, loc: tuple) -> bytes:
                 response = await client.send(request, stream=True)
             except httpx.HTTPError as err:
                 raise BadImage(f"fetching the image failed: {type(err).__name__}", loc) from None
-            async with response:
+            try:
                 if response.status_code in _REDIRECTS and "location" in response.headers:
                     url = urljoin(url, response.headers["location"])
                     continue
                 if response.status_code != 200:
                     raise BadImage(f"fetching the image failed: HTTP {response.status_code}", loc)
                 return await _capped_body(response, loc)
+            finally:
+                await response.aclose()
     raise BadImage(f"fetching the image took more than {MAX_REDIRECTS} redirects", loc)
 
 

@@ -66,7 +66,7 @@ def load_pipelines(model_dir: str, device: str = "auto", dtype: str = "auto") ->
     inpainting_model = "Inpaint" in declared
     loader = AutoPipelineForInpainting if inpainting_model else AutoPipelineForText2Image
     # diffusers shows its own progress bar while the components load.
-    pipe = loader.from_pretrained(model_dir, torch_dtype=torch_dtype).to(torch_device)
+    pipe = loader.from_pretrained(model_dir, dtype=torch_dtype).to(torch_device)
     has_controlnet = "controlnet" in pipe.components
     text_to_image = None if inpainting_model else pipe
     without_controlnet = {"controlnet": None} if has_controlnet else {}

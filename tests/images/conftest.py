@@ -76,6 +76,9 @@ class _Files(http.server.BaseHTTPRequestHandler):
             self.send_header("Location", where)
             self.end_headers()
             return
+        if self.path not in ("/cat.png", "/text", "/big", "/slow"):
+            self.send_error(404)
+            return
         self.send_response(200)
         self.end_headers()
         if self.path == "/cat.png":

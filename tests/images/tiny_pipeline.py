@@ -69,5 +69,12 @@ def build_controlnet(directory: Path) -> Path:
         block_out_channels=(8, 16), layers_per_block=1, in_channels=4, norm_num_groups=4,
         down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), cross_attention_dim=TEXT_DIM,
         attention_head_dim=4, conditioning_embedding_out_channels=(8, 16))
+    # A ControlNet starts with zero convolutions (no effect until trained): random ones,
+    # so the control image and its weight change the image.
+    with torch.no_grad():
+        for name, param in controlnet.named_parameters():
+            if name.startswith(("controlnet_down_blocks", "controlnet_mid_block",
+                                "controlnet_cond_embedding.conv_out")):
+                param.normal_(std=0.2)
     StableDiffusionControlNetPipeline(controlnet=controlnet, **components).save_pretrained(directory)
     return directory
