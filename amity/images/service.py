@@ -35,6 +35,7 @@ class ImageStats:
     image_steps: int = 0                 # denoising steps, counted per image
     steps_per_second: float = 0.0        # image steps per second of the last batch
     batches: int = 0
+    running: int = 0                     # images in the pipeline run now
 
 
 class ImageService:
@@ -137,8 +138,13 @@ class ImageService:
                 pipeline._interrupt = True  # diffusers skips the remaining steps
             return {}
 
-        with torch.inference_mode(), invariant_kernels(self.pipelines.batch_invariant):
-            images = pipe(**kwargs, callback_on_step_end=on_step_end, output_type="pil").images
+        self.stats.running = len(jobs)
+        try:
+            with torch.inference_mode(), invariant_kernels(self.pipelines.batch_invariant):
+                images = pipe(**kwargs, callback_on_step_end=on_step_end,
+                              output_type="pil").images
+        finally:
+            self.stats.running = 0
         elapsed = time.perf_counter() - started
         live = sum(not j.cancelled for j in jobs)
         self.stats.batches += 1

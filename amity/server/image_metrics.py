@@ -19,6 +19,8 @@ class ImageMetrics:
                                   value=st.image_steps)
         yield CounterMetricFamily("amity_image_batches", "Pipeline runs (batches of images).",
                                   value=st.batches)
+        yield GaugeMetricFamily("amity_images_running", "Images in the pipeline run now.",
+                                value=st.running)
         yield GaugeMetricFamily("amity_image_steps_per_second",
                                 "Denoising steps per second (per image) of the latest batch.",
                                 value=st.steps_per_second)
