@@ -3,8 +3,10 @@ field and says why, URL inputs never reach private addresses, and the server kee
 serving after each."""
 
 import base64
+import io
 
 import pytest
+from PIL import Image
 
 from tests.images.conftest import png_bytes
 
@@ -99,6 +101,14 @@ def test_url_fetch_limits(sd, files):
     _check(sd, EDIT, _edit_with(files + "/big"), 422, "larger than 50 MiB")
     _check(sd, EDIT, _edit_with(files + "/slow"), 422, "longer than 2 s")
     _check(sd, EDIT, _edit_with(files + "/missing"), 422, "HTTP 404")
+
+
+def test_decompression_bomb(sd):
+    """A small file of 100 M pixels: refused before its pixels are decoded."""
+    out = io.BytesIO()
+    Image.new("1", (10_000, 10_000)).save(out, format="PNG")
+    bomb = "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+    _check(sd, EDIT, {"prompt": "p", "image": {"image": bomb}}, 422, "decompression bomb")
 
 
 def test_oversize_inline_image(sd):
