@@ -6,8 +6,9 @@ request opens a batch; the service waits up to `batch_wait_s` for more compatibl
 (not past `max_batch_size`, `--max-num-seqs`), then runs it. Each request brings its
 own `torch.Generator`, so its image does not depend on its batch (with
 batch_invariance.py, the same bytes). A request whose client left is dropped from the
-queue at once; in a running batch, the step callback stops the run at the next
-denoising step once every request of the batch has left.
+queue at once; in a running batch, the step callback cuts its row out of the batch at
+the next denoising step (where the pipeline's state allows: `rows_droppable`), and
+stops the run once every request of the batch has left.
 """
 
 import asyncio
@@ -120,38 +121,48 @@ class ImageService:
                     _settle(future, error=err)
                 continue
             for (job, future), image in zip(batch, images):
-                if not job.cancelled:
+                if not job.cancelled and image is not None:
                     _settle(future, result=image)
 
     def _run_batch(self, jobs: list[ImageJob]) -> list:
+        """The batch's images, in `jobs` order (None for a job dropped mid-run)."""
         started = time.perf_counter()
         for job in jobs:
             job.queued_s = started - job.arrived_s
         first = jobs[0]
         pipe, kwargs = self._call(first, jobs)
-        steps_done = 0
+        rows = list(range(len(jobs)))  # the jobs still in the running tensors, in row order
+        droppable = rows_droppable(pipe)
+        image_steps = 0
 
         def on_step_end(pipeline, step, timestep, tensors):
-            nonlocal steps_done
-            steps_done += 1
-            if all(j.cancelled for j in jobs):
+            nonlocal image_steps
+            image_steps += len(rows)
+            live = [i for i, job in enumerate(rows) if not jobs[job].cancelled]
+            if not live:
                 pipeline._interrupt = True  # diffusers skips the remaining steps
-            return {}
+                return {}
+            if not droppable or len(live) == len(rows):
+                return {}
+            rows[:] = [rows[i] for i in live]
+            return keep_rows(pipeline, tensors, live, kwargs["generator"])
 
         self.stats.running = len(jobs)
         try:
             with torch.inference_mode(), invariant_kernels(self.pipelines.batch_invariant):
                 images = pipe(**kwargs, callback_on_step_end=on_step_end,
+                              callback_on_step_end_tensor_inputs=list(CUT_TENSORS if droppable
+                                                                      else ["latents"]),
                               output_type="pil").images
         finally:
             self.stats.running = 0
         elapsed = time.perf_counter() - started
-        live = sum(not j.cancelled for j in jobs)
         self.stats.batches += 1
-        self.stats.images_generated += live
-        self.stats.image_steps += steps_done * len(jobs)
-        self.stats.steps_per_second = steps_done * len(jobs) / elapsed if elapsed else 0.0
-        return images
+        self.stats.images_generated += sum(not jobs[job].cancelled for job in rows)
+        self.stats.image_steps += image_steps
+        self.stats.steps_per_second = image_steps / elapsed if elapsed else 0.0
+        by_job = dict(zip(rows, images))
+        return [by_job.get(i) for i in range(len(jobs))]
 
     def _call(self, first: ImageJob, jobs: list[ImageJob]):
         """The pipeline and the keyword arguments of one batch."""
@@ -174,6 +185,32 @@ class ImageService:
         # diffusers' image-to-image takes its size from the image itself.
         del kwargs["width"], kwargs["height"]
         return p.image_to_image, kwargs
+
+
+# Pipelines whose batch-sized state, besides the scheduler's, is exactly these tensors
+# (given to the step callback, which may return them cut), and schedulers that keep no
+# batch-sized history between steps (their per-row noise comes from the generator list,
+# which is cut in place). Elsewhere a departed request's row runs to the end.
+CUT_TENSORS = ("latents", "prompt_embeds")
+CUTTABLE_PIPELINES = {"StableDiffusionPipeline", "StableDiffusionImg2ImgPipeline"}
+HISTORY_FREE_SCHEDULERS = {"DDIMScheduler", "DDPMScheduler", "EulerDiscreteScheduler",
+                           "EulerAncestralDiscreteScheduler", "LCMScheduler"}
+
+
+def rows_droppable(pipe) -> bool:
+    return (type(pipe).__name__ in CUTTABLE_PIPELINES
+            and type(pipe.scheduler).__name__ in HISTORY_FREE_SCHEDULERS
+            and pipe.unet.config.time_cond_proj_dim is None)  # else a batch-sized guidance embedding
+
+
+def keep_rows(pipe, tensors: dict, live: list[int], generators: list) -> dict:
+    """The callback's answer that cuts the batch down to rows `live`. With classifier-free
+    guidance the prompt embeddings are [unconditional; conditional], two rows per image."""
+    batch = tensors["latents"].shape[0]
+    embed_rows = live + [batch + i for i in live] if pipe.do_classifier_free_guidance else live
+    generators[:] = [generators[i] for i in live]  # the pipeline holds this very list
+    return {"latents": tensors["latents"][live],
+            "prompt_embeds": tensors["prompt_embeds"][embed_rows]}
 
 
 def _settle(future: asyncio.Future, result=None, error: BaseException | None = None) -> None:
