@@ -48,7 +48,16 @@ def plain_loop(model_dir: str, requests: int, steps: int, guidance: float) -> fl
     return requests / (time.perf_counter() - started)
 
 
-def served_level(url: str, concurrency: int, requests: int, steps: int, guidance: float) -> float:
+def _metric(client: httpx.Client, name: str) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def served_level(url: str, concurrency: int, requests: int, steps: int,
+                 guidance: float) -> tuple[float, float]:
+    """(images/s, mean images per pipeline run) of one concurrency level."""
     with httpx.Client(base_url=url, timeout=600) as client:
         def one(seed: int) -> None:
             res = client.post("/v1/images/generations", json={
@@ -57,10 +66,12 @@ def served_level(url: str, concurrency: int, requests: int, steps: int, guidance
             res.raise_for_status()
 
         one(0)  # warm-up
+        batches = _metric(client, "amity_image_batches_total")
         started = time.perf_counter()
         with ThreadPoolExecutor(concurrency) as pool:
             list(pool.map(one, range(1, requests + 1)))
-        return requests / (time.perf_counter() - started)
+        rate = requests / (time.perf_counter() - started)
+        return rate, requests / (_metric(client, "amity_image_batches_total") - batches)
 
 
 def main() -> None:
@@ -70,6 +81,7 @@ def main() -> None:
     parser.add_argument("--guidance-scale", type=float, default=0.0)
     parser.add_argument("--requests", type=int, default=16, help="per level")
     parser.add_argument("--concurrency", default="1,4")
+    parser.add_argument("--image-batch-wait-ms", default="20", help="passed to amity serve")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     args = parser.parse_args()
     out = Path(args.out)
@@ -84,20 +96,23 @@ def main() -> None:
                "requests_per_level": args.requests}
     results["plain_loop_images_per_s"] = plain_loop(model_dir, args.requests, args.steps,
                                                     args.guidance_scale)
-    proc, url = start_server(["--model", model_dir, "--max-num-seqs", str(max(levels))],
+    proc, url = start_server(["--model", model_dir, "--max-num-seqs", str(max(levels)),
+                              "--image-batch-wait-ms", args.image_batch_wait_ms],
                              out / "images_server.log")
     try:
         for c in levels:
-            results[f"amity_c{c}_images_per_s"] = served_level(url, c, args.requests, args.steps,
-                                                                args.guidance_scale)
+            rate, batch = served_level(url, c, args.requests, args.steps, args.guidance_scale)
+            results[f"amity_c{c}_images_per_s"] = rate
+            results[f"amity_c{c}_mean_batch"] = batch
     finally:
         stop_server(proc)
     base = results["plain_loop_images_per_s"]
-    print(f"| system | images/s | vs plain loop |\n|---|---|---|\n"
-          f"| plain diffusers loop | {base:.2f} | 1.00x |")
+    print(f"| system | images/s | vs plain loop | images per pipeline run |\n|---|---|---|---|\n"
+          f"| plain diffusers loop | {base:.2f} | 1.00x | 1 |")
     for c in levels:
         rate = results[f"amity_c{c}_images_per_s"]
-        print(f"| amity, concurrency {c} | {rate:.2f} | {rate / base:.2f}x |")
+        print(f"| amity, concurrency {c} | {rate:.2f} | {rate / base:.2f}x | "
+              f"{results[f'amity_c{c}_mean_batch']:.2f} |")
     (out / "images.json").write_text(json.dumps(results, indent=2) + "\n")
 
 

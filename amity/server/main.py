@@ -14,6 +14,7 @@ import logging
 import signal
 import threading
 
+import torch
 import uvicorn
 from starlette.applications import Starlette
 from starlette.responses import Response
@@ -87,6 +88,8 @@ def load_image_service(engine_config: EngineConfig, server_config: ServerConfig)
     from amity.images.pipelines import load_pipelines
     from amity.images.service import ImageService
 
+    if engine_config.num_threads:
+        torch.set_num_threads(engine_config.num_threads)
     service = ImageService(load_pipelines(engine_config.model, engine_config.device,
                                           engine_config.dtype),
                            max_batch_size=engine_config.max_num_seqs,
