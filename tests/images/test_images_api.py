@@ -5,6 +5,7 @@ import base64
 import io
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from PIL import Image
 
 from tests.images.conftest import png_bytes
@@ -57,6 +58,7 @@ def test_jpeg_is_a_jpeg_of_the_requested_size_and_raw_a_png(sd):
     assert (default.format, default.size) == ("JPEG", (32, 32))  # the model's own size
 
 
+@pytest.mark.slow
 def test_batched_equals_solo(sd):
     """Four requests sent together run as one batch (the server's batch wait is long)
     and each image is the same bytes as when it ran alone. With guidance > 1 the batch
@@ -78,7 +80,10 @@ def test_edit_image_to_image(sd, files):
     a = _post(sd, EDIT, image=_b64(source), seed=3, response_format="raw")
     b = _post(sd, EDIT, image=[_b64(source)], seed=3, response_format="raw")
     assert a["image"] == b["image"]
-    assert _image(a).size == (40, 24)  # the input's size
+    # The input's size, fitted into the model's 32-pixel side: 32 x 19, then to 8s.
+    assert _image(a).size == (32, 16)
+    small = _post(sd, EDIT, image=_b64(png_bytes((24, 16))), seed=3, response_format="raw")
+    assert _image(small).size == (24, 16)  # a smaller input keeps its size
     other = _post(sd, EDIT, image=_b64(png_bytes((40, 24), (0, 90, 200))), seed=3,
                   response_format="raw")
     assert other["image"] != a["image"]  # the input image matters

@@ -4,8 +4,9 @@ Image inputs are resolved before the request queues (URLs fetched under the fetc
 policy, bytes decoded off the event loop), so a bad input is a 422 that never holds a
 batch slot. Edits: one image runs image-to-image; an image and a mask (`image` as a
 list of two: the image, then the mask, white where to paint) run inpainting. The output
-size is `width` x `height` if given, else the input image's (edits) or the model's
-default (generations), rounded down to what the model accepts.
+size is `width` x `height` if given, else the input image's (edits; scaled down to fit
+the model's default side) or the model's default (generations), rounded down to what
+the model accepts.
 """
 
 import secrets
@@ -65,8 +66,8 @@ async def edits(body: s.ContainerImageEditBody, request: Request):
     loc = ("body", "image") if not isinstance(body.image, list) else None
     images = [await _decode(state, item, loc or ("body", "image", i))
               for i, item in enumerate(inputs)]
-    width, height = _size(body, pipes, *images[0].size)
-    resized = [im if im.size == (width, height) else im.resize((width, height)) for im in images]
+    width, height = _size(body, pipes, *_within(images[0].size, pipes))
+    resized = await state.off_loop(_resize, images, width, height)
     image, mask = resized[0], resized[1].convert("L") if len(resized) == 2 else None
     kind = "inpaint" if len(images) == 2 else "edit"
     steps = body.num_inference_steps
@@ -80,6 +81,18 @@ async def edits(body: s.ContainerImageEditBody, request: Request):
 
 def _seed(body) -> int:
     return body.seed if body.seed is not None else secrets.randbelow(2**63)
+
+
+def _within(size: tuple[int, int], pipes) -> tuple[int, int]:
+    """An input image's size, scaled down (aspect kept) to fit the model's default side:
+    a 50 MiB photo must not become a pipeline run at its full size unasked."""
+    side = max(pipes.default_width, pipes.default_height)
+    scale = min(1.0, side / max(size))
+    return round(size[0] * scale), round(size[1] * scale)
+
+
+def _resize(images: list, width: int, height: int) -> list:
+    return [im if im.size == (width, height) else im.resize((width, height)) for im in images]
 
 
 def _size(body, pipes, default_width: int, default_height: int) -> tuple[int, int]:
