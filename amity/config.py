@@ -81,6 +81,18 @@ class ServerConfig:
         30.0, "Seconds that SIGTERM waits for the requests in flight to finish; the ones "
               "still running then end with an error (a stream: an error event)."
     )
+    image_batch_wait_ms: float = _opt(
+        20.0, "Image models: how long a waiting image request holds its batch open for "
+              "compatible requests to join (up to --max-num-seqs images)."
+    )
+    image_fetch_allow: str | None = _opt(
+        None, "Image inputs given as URLs: comma-separated networks (e.g. 10.0.0.0/8,"
+              "127.0.0.1/32) the server may fetch from although they are private, loopback "
+              "or link-local. Default: public addresses only."
+    )
+    image_fetch_timeout: float = _opt(
+        10.0, "Seconds an image URL's fetch (redirects included) may take; then a 422."
+    )
 
 
 

@@ -14,7 +14,7 @@ from amity.config import ServerConfig
 from amity.engine.client import EngineClient
 from amity.server import schemas as s
 from amity.server.errors import install_error_handlers
-from amity.server.routes import chat, completions, messages, tokens
+from amity.server.routes import chat, completions, images, messages, tokens
 from amity.server.state import ServerState
 
 
@@ -41,11 +41,14 @@ def build_app(engine: EngineClient | None, server_config: ServerConfig, *,
     app = FastAPI(title="amity: Friendli Container API", version="0.1.0", lifespan=lifespan)
     app.state.amity = state
     install_error_handlers(app)
-    for module in (completions, chat, messages, tokens):
+    for module in (completions, chat, messages, tokens, images):
         app.include_router(module.router)
 
     @app.get("/health")
     async def health():
+        if state.images is not None:
+            return ({"status": "ok"} if state.images.is_healthy() else JSONResponse(
+                {"status": "the image service is not running; see the server log"}, 503))
         if state.engine is None:
             return JSONResponse({"status": state.load_error or "loading"}, status_code=503)
         if not state.engine.is_healthy():
@@ -55,6 +58,8 @@ def build_app(engine: EngineClient | None, server_config: ServerConfig, *,
 
     @app.get("/v1/models", response_model=s.ModelList)
     async def models():
+        if state.images is not None:
+            return s.ModelList(data=[s.ModelCard(id=state.model_name, created=state.created)])
         state.ready_engine()
         card = s.ModelCard(id=state.model_name, created=state.created,
                            max_model_len=state.info.max_model_len)

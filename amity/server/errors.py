@@ -60,6 +60,8 @@ def error_responses(model: type = s.HTTPValidationError) -> dict:
     """The error responses every API operation can give, for the OpenAPI document: its
     clients (and schemathesis) hold the server to exactly these."""
     return {
+        400: {"model": model, "description": "The served model does not do this route's task "
+                                             "(an image model on a text route, or the reverse)."},
         404: {"model": model, "description": "`model` names a model this server does not serve."},
         422: {"model": model, "description": "The body is not valid JSON, or breaks the schema "
                                              "or a value range; `loc` names the field to change."},

@@ -14,12 +14,14 @@ import logging
 import signal
 import threading
 
+import torch
 import uvicorn
 from starlette.applications import Starlette
 from starlette.responses import Response
 from starlette.routing import Route
 
 from amity.config import EngineConfig, ServerConfig
+from amity.images.pipelines import is_diffusers_dir
 from amity.server.app import build_app
 from amity.server.state import ServerState
 
@@ -81,6 +83,21 @@ class ApiServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+def load_image_service(engine_config: EngineConfig, server_config: ServerConfig):
+    """A diffusers directory's pipelines behind a started image service."""
+    from amity.images.pipelines import load_pipelines
+    from amity.images.service import ImageService
+
+    if engine_config.num_threads:
+        torch.set_num_threads(engine_config.num_threads)
+    service = ImageService(load_pipelines(engine_config.model, engine_config.device,
+                                          engine_config.dtype),
+                           max_batch_size=engine_config.max_num_seqs,
+                           batch_wait_s=server_config.image_batch_wait_ms / 1000)
+    service.start()
+    return service
+
+
 def _bound_url(server: uvicorn.Server, host: str) -> str:
     for s in server.servers:
         for sock in s.sockets:
@@ -109,15 +126,19 @@ async def serve_async(engine_config: EngineConfig, server_config: ServerConfig) 
     async def load() -> None:
         nonlocal failed
         try:
-            engine = await AsyncEngine.load(engine_config)
-            await engine.start()
+            if is_diffusers_dir(engine_config.model):
+                state.attach_images(await asyncio.to_thread(
+                    load_image_service, engine_config, server_config))
+            else:
+                engine = await AsyncEngine.load(engine_config)
+                await engine.start()
+                state.attach(engine)
         except Exception as err:  # noqa: BLE001 - reported, then the server exits
             log.exception("amity: could not load the model")
             state.load_error = f"failed to load the model: {err}"
             failed = True
             server.should_exit = True
             return
-        state.attach(engine)
         while not server.started and not server.should_exit:
             await asyncio.sleep(0.05)
         print(f"amity: serving {state.model_name} on {_bound_url(server, server_config.host)}",
@@ -143,6 +164,8 @@ async def serve_async(engine_config: EngineConfig, server_config: ServerConfig) 
     # The app's lifespan shuts the engine down only if it was attached before start-up.
     if state.engine is not None:
         await state.engine.shutdown()
+    if state.images is not None:
+        await asyncio.to_thread(state.images.shutdown)
     return 1 if failed else 0
 
 

@@ -182,6 +182,12 @@ class RequestTracker:
             m.output_lengths.observe(output_tokens)
             m.tcache_hit_ratio.observe(cached_tokens / prompt_tokens if prompt_tokens else 0.0)
 
+    def completed(self) -> None:
+        """Answered in full, with no tokens to count (an image)."""
+        if self._close():
+            self.metrics.counts.responses += 1
+            self.metrics.latency.observe(time.perf_counter() - self.arrived)
+
     def cancelled(self) -> None:
         if self._close():
             self.metrics.counts.cancel += 1

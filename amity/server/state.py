@@ -16,6 +16,8 @@ from fastapi import Request
 
 from amity.config import ServerConfig
 from amity.engine.client import EngineClient
+from amity.images.inputs import FetchPolicy
+from amity.images.service import ImageService
 from amity.server.errors import ApiError
 from amity.server.metrics import RequestTracker, ServerMetrics
 from amity.server.protocol import ModelInfo, TokenPieces
@@ -31,6 +33,9 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: ServerMetrics | None = None
     load_error: str | None = None
+    # An image model is served by an image service instead of an engine (one or the other).
+    images: ImageService | None = None
+    image_fetch: FetchPolicy = field(default_factory=FetchPolicy)
     # Tokenization and chat templating, off the event loop (a 1 MB prompt must not
     # stall every stream); one thread, as a fast tokenizer is not safe to share.
     _preprocessor: ThreadPoolExecutor = field(
@@ -39,6 +44,8 @@ class ServerState:
     def __post_init__(self):
         if self.metrics is None:
             self.metrics = ServerMetrics(lambda: self.engine.stats() if self.engine else None)
+        self.image_fetch = FetchPolicy.from_flags(self.config.image_fetch_allow,
+                                                  self.config.image_fetch_timeout)
 
     def attach(self, engine: EngineClient) -> None:
         """Make a loaded engine servable (it may arrive after the server is up)."""
@@ -47,7 +54,30 @@ class ServerState:
         self.pieces = TokenPieces(engine.tokenizer)
         self.engine = engine
 
+    def attach_images(self, service: ImageService) -> None:
+        from amity.server.image_metrics import ImageMetrics
+
+        self.model_name = self.config.served_model_name or service.model_name
+        self.metrics.registry.register(ImageMetrics(service.stats))
+        self.images = service
+
+    def _refuse_task(self, served: str, asked: str) -> None:
+        # vLLM answers a route its model does not serve with a 400 likewise.
+        raise ApiError(400, f"model {self.model_name!r} serves {served}; this route needs a "
+                            f"{asked} model", loc=(), type="unsupported_task")
+
+    def resolve_images(self, name: str | None) -> ImageService:
+        """The image service for a request naming `model` (as resolve_model)."""
+        if self.engine is not None:
+            self._refuse_task("text generation", "image-generation")
+        if self.images is None:
+            self.ready_engine()
+        self._check_name(name)
+        return self.images
+
     def ready_engine(self) -> EngineClient:
+        if self.images is not None:
+            self._refuse_task(self.images.pipelines.task, "text-generation")
         if self.engine is None:
             raise ApiError(503, "the model is still loading; retry shortly", type="not_ready",
                            headers={"Retry-After": "5"})
@@ -57,13 +87,16 @@ class ServerState:
         """What serves a request naming `model`: the one place the field is interpreted
         (LoRA adapters and several models will route here)."""
         engine = self.ready_engine()
+        self._check_name(name)
+        return engine
+
+    def _check_name(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
             raise ApiError(
                 404,
                 f"model {name!r} is not served here; use {self.model_name!r} or leave `model` out",
                 loc=("body", "model"), type="model_not_found",
             )
-        return engine
 
     def admit(self, num_items: int) -> RequestTracker:
         """Admit a generation of `num_items` choices, or refuse it once the limit of
