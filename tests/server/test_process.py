@@ -195,6 +195,7 @@ def test_friendli_aliases_hf_model_name_and_web_server_port(tmp_path):
         assert code == 0, f"exit code {code}; output:\n{sp.output()[-4000:]}"
 
 
+@pytest.mark.slow
 def test_sigterm_while_the_model_loads_and_compiles_exits_at_once():
     """Issue 13 (defect 16): SIGTERM during model load or `--compile` waited for the load
     to end (minutes for a first compile). The socket is open and /health says the model
