@@ -204,12 +204,16 @@ class LLMEngine:
         min_output = params.min_tokens
         if params.min_total_tokens is not None:
             min_output = max(0, params.min_total_tokens - num_prompt)
+        eos_token_ids = (frozenset(params.eos_token) if params.eos_token is not None
+                         else self.tokenizer.eos_token_ids)
+        if not eos_token_ids and params.structured_output is not None and params.structured_output.constrains:
+            # A grammar ends its output with an end-of-sequence token; without one it never could.
+            raise RequestError("this model has no end-of-sequence token, so a constrained output "
+                               "could never end; give `eos_token`", params.structured_output.field)
         return ValidatedRequest(
             prompt_token_ids=list(prompt_token_ids), params=params,
             max_output_tokens=self._max_output_tokens(num_prompt, params), min_output_tokens=min_output,
-            eos_token_ids=(frozenset(params.eos_token) if params.eos_token is not None
-                           else self.tokenizer.eos_token_ids),
-            replaced_embeddings=replaced,
+            eos_token_ids=eos_token_ids, replaced_embeddings=replaced,
             grammar=self.compile_structured_output(params))  # a refused grammar is a RequestError
 
     @staticmethod

@@ -25,6 +25,7 @@ property escapes, no back-references or conditionals).
 import json
 import re
 import threading
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -179,8 +180,12 @@ class StructuredOutputCompiler:
 
         self._xgr = xgr
         self.vocab_size = vocab_size
-        self._info = xgr.TokenizerInfo.from_huggingface(
-            hf_tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(eos_token_ids))
+        # A model without EOS: every matcher overrides the stop tokens with its request's
+        # `eos_token` (validation refuses a grammar without), so the library's guess is unused.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            self._info = xgr.TokenizerInfo.from_huggingface(
+                hf_tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(eos_token_ids) or None)
         # Our own cache (below) is keyed by the canonical spec; the library's stays off.
         self._compiler = xgr.GrammarCompiler(self._info, cache_enabled=False)
         self._cache: OrderedDict[str, Any] = OrderedDict()

@@ -539,3 +539,48 @@ def test_min_tokens_with_a_stop_string_keeps_text_equal_to_tokens(make_engine, l
     greedy = engine.generate([p], params[0])[0].ordered_choices[0]
     assert greedy.text.startswith(early)  # the early occurrence stays in the text
     assert_all_blocks_free(engine)
+
+
+def test_a_grammar_on_a_model_without_eos_needs_an_eos_token(make_engine, loaded, vocab_size):
+    """Found by the chaos run (tests/server/test_chaos.py): on a model with no EOS token
+    the grammar library refused an empty stop set, a 500 for every constrained request.
+    Such a request is a RequestError on `response_format` unless it gives `eos_token`,
+    whose token then ends the output where the grammar may end."""
+    from amity.engine.structured_output import StructuredOutputSpec
+
+    engine = make_engine()
+    assert not loaded.tokenizer.eos_token_ids
+    (p,) = prompts(1, [5], vocab_size, seed=30)
+    spec = StructuredOutputSpec("regex", "[0-9]{3}")
+    with pytest.raises(RequestError) as err:
+        engine.add_request("no-eos", p, SamplingParams(max_tokens=8, structured_output=spec))
+    assert err.value.field == "response_format" and "eos_token" in err.value.message
+    end = loaded.tokenizer.encode("<|endoftext|>", add_special_tokens=False)
+    (out,) = engine.generate([p], SamplingParams(max_tokens=8, temperature=1.0, seed=4,
+                                                 structured_output=spec, eos_token=end))
+    choice = out.ordered_choices[0]
+    assert choice.finish_reason == "stop" and choice.token_ids[-1] == end[0]
+    assert len(choice.text) == 3 and choice.text.isdigit()
+    assert_all_blocks_free(engine)
+
+
+def test_a_prefix_cache_hit_moves_logprobs_by_rounding_only(make_engine, vocab_size):
+    """Issue 13 (what the consistency test's warm-up hid): a prompt whose prefix comes
+    from the cache computes only its remaining tokens, in a short chunk (the in-place
+    kernel), where a miss computes the whole prompt in one long chunk (SDPA), so its K/V
+    and logits round differently (about 1e-6 here; README "Numerics"). Greedy tokens
+    agree and logprobs agree to that rounding; with the same cache state a request is
+    reproduced bit for bit. A seeded sample can differ between a miss and a hit only
+    where its draw lands within that rounding of a boundary between two tokens."""
+    engine = make_engine(block_size=16)
+    (p,) = prompts(1, [40], vocab_size, seed=31)
+    params = SamplingParams(n=2, max_tokens=8, logprobs=1, temperature=1.0, seed=9, eos_token=[])
+    miss, hit, hit_again = (engine.generate([p], params)[0] for _ in range(3))
+    assert miss.num_cached_tokens == 0 and hit.num_cached_tokens == hit_again.num_cached_tokens == 32
+    for a, b, c in zip(miss.ordered_choices, hit.ordered_choices, hit_again.ordered_choices):
+        assert (b.token_ids, [lp.logprob for lp in b.logprobs]) == \
+            (c.token_ids, [lp.logprob for lp in c.logprobs])  # bitwise
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close([lp.logprob for lp in a.logprobs],
+                                   [lp.logprob for lp in b.logprobs], atol=1e-4, rtol=0)
+    assert_all_blocks_free(engine)

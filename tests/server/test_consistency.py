@@ -11,9 +11,13 @@ PROMPT = "Write a list of fruits: apple, banana,"
 
 
 def warm_prefix_cache(http, path, body):
-    """Run the request once first so both compared runs see the same prefix-cache state.
-    Without it, a seeded temperature-1 chat sample once came out different between two
-    runs late in the full suite (not reproduced in isolation): engine-side, reported."""
+    """Run the request once first so both compared runs see the same prefix-cache state,
+    which is what makes two runs bitwise equal. A run that misses the cache computes the
+    prompt in one long chunk, a run that hits it only the rest in a short one: the
+    logits round differently (about 1e-6, README "Numerics"; measured in
+    tests/engine/test_engine.py::test_a_prefix_cache_hit_moves_logprobs_by_rounding_only),
+    which once flipped a seeded temperature-1 sample here late in the full suite, when
+    an earlier test had left part of this prompt cached."""
     assert http.post(path, json=body).status_code == 200
 
 

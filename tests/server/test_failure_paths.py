@@ -4,6 +4,7 @@ Every wait has a timeout: a path that hangs fails the test instead of stalling i
 
 import json
 import re
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -204,3 +205,49 @@ def test_unschedulable_request_wakes_the_loop_when_aborted(core):
         assert core.live == {} and core.step_calls == calls
         assert metric(client, "friendli_failure_by_cancel") == 1
         assert metric(client, "amity_failure_by_error") == 0
+
+
+# -- 7. tokenization and chat templating off the event loop -------------------
+
+class GatedTokenizer(Tokenizer):
+    """Encoding a text that holds GATE blocks until `gate` is set: a tokenization that
+    takes as long as the test wants (a 1 MB prompt's, without the megabyte)."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        super().__init__(tokenizer.hf, set(tokenizer.eos_token_ids))
+        self.entered, self.gate = threading.Event(), threading.Event()
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if "GATE" in text:
+            self.entered.set()
+            assert self.gate.wait(TIMEOUT_S)
+        return super().encode(text, add_special_tokens)
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", completion(prompt="GATE the quick brown fox")),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "GATE fox"}],
+                              "max_tokens": 3}),
+])
+def test_a_slow_tokenization_never_stalls_other_requests(core, path, body):
+    """Issue 13 (defect 14): tokenization and templating ran on the event loop, so
+    while one request's prompt was tokenized nothing else was served."""
+    core.tokenizer = GatedTokenizer(core.tokenizer)
+    core.tokenizer.hf.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    with serving(core) as (_, client), ThreadPoolExecutor(1) as pool:
+        stream = OpenStream(client)
+        gated = pool.submit(client.post, path, json=body)
+        try:
+            assert core.tokenizer.entered.wait(TIMEOUT_S)
+            # The loop serves while the tokenizer is busy: a stalled loop would time out.
+            assert client.get("/health", timeout=2).status_code == 200
+            assert client.get("/metrics", timeout=2).status_code == 200
+            before = core.num_steps
+            wait_until(lambda: core.num_steps > before + 3, "the stream to keep stepping")
+            assert next(line for line in stream._lines if line.startswith("data: "))
+        finally:
+            core.tokenizer.gate.set()
+        r = gated.result(timeout=TIMEOUT_S)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["finish_reason"] == "length"
+        stream.response.close()

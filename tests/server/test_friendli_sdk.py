@@ -27,14 +27,15 @@ def test_completions(client, server):
 
 def test_completions_stream(client, server):
     events = list(client.completions.complete(
-        request={"tokens": [504, 6322, 314], "max_tokens": 5, "stream": True,
+        request={"tokens": [504, 6322, 314], "max_tokens": 5, "min_tokens": 5, "stream": True,
                  "stream_options": {"include_usage": True}},
         server_url=server.url))
     data = [e.data for e in events]
     assert all(d.OBJECT == "text_completion" for d in data)
     assert [d.choices[0].token is not None for d in data[:-2]] == [True] * (len(data) - 2)
-    assert data[-2].choices[0].finish_reason in ("stop", "length")
+    assert data[-2].choices[0].finish_reason == "length"  # min_tokens = max_tokens
     assert data[-1].choices == [] and data[-1].usage.prompt_tokens == 3
+    assert data[-1].usage.completion_tokens == 5
 
 
 def test_chat(client, server):
@@ -56,11 +57,18 @@ def test_chat_stream(client, server):
 
 
 def test_messages(client, server):
-    res = client.messages.messages(
-        messages=[{"role": "user", "content": "Say hello."}], max_tokens=8, system="Be brief.",
-        server_url=server.url)
-    assert res.stop_reason in ("end_turn", "max_tokens")
-    assert res.usage.output_tokens > 0
+    ask = dict(messages=[{"role": "user", "content": "Say hello."}], system="Be brief.",
+               temperature=0, server_url=server.url)
+    res = client.messages.messages(max_tokens=1, **ask)
+    assert res.stop_reason == "max_tokens" and res.usage.output_tokens == 1
+    res = client.messages.messages(max_tokens=16, **ask)
+    text = res.content[0].text
+    # Greedy: it ends at EOS (end_turn, the EOS not counted as text) or at max_tokens.
+    assert res.stop_reason == ("max_tokens" if res.usage.output_tokens == 16 else "end_turn")
+    stop = text[1:3]
+    cut = client.messages.messages(max_tokens=16, stop_sequences=["\x00never", stop], **ask)
+    assert (cut.stop_reason, cut.stop_sequence) == ("stop_sequence", stop)
+    assert cut.content[0].text == text[:text.index(stop)]
 
 
 def test_messages_stream(client, server):

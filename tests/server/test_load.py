@@ -59,12 +59,41 @@ def test_hang_up_mid_stream_frees_blocks(server, http):
     assert _metric(http, "friendli_failure_by_cancel") == cancels + 1
 
 
-def test_queue_limit_answers_503(engine, server):
-    # A second front end on the same engine whose queue limit is already reached.
-    with RunningServer(engine, free_port(), max_queue_len=0, owns_engine=False) as full:
-        res = httpx.post(full.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1})
-        assert res.status_code == 503 and res.headers["retry-after"]
-        assert "saturated" in res.json()["detail"][0]["msg"]
-        assert httpx.get(full.url + "/metrics").text.count("friendli_failure_by_reject 1.0")
-    assert httpx.post(server.url + "/v1/completions",
-                      json={"prompt": "hi", "max_tokens": 1}).status_code == 200
+def test_queue_limit_is_a_bound_on_requests_in_flight(engine, server):
+    """Issue 13 (defect 6): the limit sampled the engine's waiting count from another
+    thread, so a burst passed whole. With two slow requests in flight on a front end
+    limited to two, each request of a burst gets a 503, exactly, and once they leave
+    the next one is served."""
+    limit, burst = 2, 3
+    slow = {"prompt": "Tell me a very long story.", "max_tokens": 1500, "min_tokens": 1500,
+            "stream": True}
+    with RunningServer(engine, free_port(), max_queue_len=limit, owns_engine=False) as full, \
+            httpx.Client(base_url=full.url, timeout=60) as c:
+        held = []
+        for _ in range(limit):
+            cm = c.stream("POST", "/v1/completions", json=slow)
+            res = cm.__enter__()
+            assert res.status_code == 200
+            lines = res.iter_lines()  # kept: a closed line iterator closes the response
+            first = next(line for line in lines if line.startswith("data: "))
+            assert '"error"' not in first, first
+            held.append((cm, lines))
+        try:
+            assert _metric(c, "friendli_current_requests") == limit
+            with ThreadPoolExecutor(burst) as pool:
+                answers = list(pool.map(lambda _: httpx.post(
+                    full.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1},
+                    timeout=60), range(burst)))
+            assert [r.status_code for r in answers] == [503] * burst
+            assert all(r.headers["retry-after"] and "saturated" in r.json()["detail"][0]["msg"]
+                       for r in answers)
+            assert _metric(c, "friendli_failure_by_reject") == burst
+        finally:
+            for cm, _ in held:  # hang up: their admissions end
+                cm.__exit__(None, None, None)
+        deadline = time.time() + 10
+        while _metric(c, "friendli_current_requests") and time.time() < deadline:
+            time.sleep(0.05)
+        res = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
+        assert res.status_code == 200, res.text
+        assert _metric(c, "friendli_failure_by_reject") == burst

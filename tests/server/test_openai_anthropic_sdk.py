@@ -21,8 +21,13 @@ def test_completions_prompt_list_indexes_as_openai(oai):
 
 
 def test_completions_stream(oai, model_name):
-    chunks = list(oai.completions.create(model=model_name, prompt="Hello", max_tokens=4, stream=True))
-    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    chunks = list(oai.completions.create(model=model_name, prompt="Hello", max_tokens=4, stream=True,
+                                         temperature=0, extra_body={"min_tokens": 4}))
+    assert chunks[-1].choices[0].finish_reason == "length"  # min_tokens = max_tokens
+    stop = "".join(c.choices[0].text for c in chunks)[1:3]
+    cut = list(oai.completions.create(model=model_name, prompt="Hello", max_tokens=4, stream=True,
+                                      temperature=0, stop=[stop]))
+    assert cut[-1].choices[0].finish_reason == "stop"
 
 
 def test_chat_and_stream(oai, model_name):
@@ -43,7 +48,11 @@ def test_chat_tools_accepted_and_rendered(oai, http, model_name):
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
     msgs = [{"role": "user", "content": "Weather in Paris?"}]
     res = oai.chat.completions.create(model=model_name, messages=msgs, tools=tools, max_tokens=30, temperature=0)
-    assert res.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    choice = res.choices[0]
+    # Greedy: a call is `tool_calls`; text ends at EOS (`stop`) or at max_tokens (`length`).
+    expected = ("tool_calls" if choice.message.tool_calls
+                else "length" if res.usage.completion_tokens == 30 else "stop")
+    assert choice.finish_reason == expected
     # SmolLM2's template ignores `tools`; they must still reach the model's prompt.
     text = http.post("/v1/chat/render", json={"messages": msgs, "tools": tools}).json()["text"]
     assert "get_weather" in text and "<tool_call>" in text
@@ -55,10 +64,15 @@ def test_unknown_model_is_404(oai):
 
 
 def test_anthropic_messages(claude, model_name):
-    res = claude.messages.create(model=model_name, max_tokens=6, system="Be brief.",
-                                 messages=[{"role": "user", "content": "Hi"}])
-    assert res.stop_reason in ("end_turn", "max_tokens")
-    assert res.usage.output_tokens > 0
+    ask = dict(model=model_name, system="Be brief.", extra_body={"temperature": 0},
+               messages=[{"role": "user", "content": "Hi"}])
+    res = claude.messages.create(max_tokens=1, **ask)
+    assert res.stop_reason == "max_tokens" and res.usage.output_tokens == 1
+    res = claude.messages.create(max_tokens=24, **ask)
+    assert res.stop_reason == ("max_tokens" if res.usage.output_tokens == 24 else "end_turn")
+    stop = res.content[0].text[1:3]
+    cut = claude.messages.create(max_tokens=24, stop_sequences=[stop], **ask)
+    assert (cut.stop_reason, cut.stop_sequence) == ("stop_sequence", stop)
 
 
 def test_anthropic_stream_matches_final_message(claude, model_name):

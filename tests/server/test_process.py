@@ -193,3 +193,24 @@ def test_friendli_aliases_hf_model_name_and_web_server_port(tmp_path):
         assert res.status_code == 200 and len(res.json()["choices"][0]["tokens"]) <= 2
         code = sp.terminate_and_wait()
         assert code == 0, f"exit code {code}; output:\n{sp.output()[-4000:]}"
+
+
+@pytest.mark.slow
+def test_sigterm_while_the_model_loads_and_compiles_exits_at_once():
+    """Issue 13 (defect 16): SIGTERM during model load or `--compile` waited for the load
+    to end (minutes for a first compile). The socket is open and /health says the model
+    is loading: SIGTERM then ends the process within seconds, with code 0."""
+    port = free_port()
+    with ServerProcess("--port", str(port), "--compile", "--kv-cache-memory", "128MiB") as sp:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + START_TIMEOUT
+        while not sp.health_before_ready:  # the first 503 "loading"
+            assert time.monotonic() < deadline and sp.proc.poll() is None, sp.output()[-4000:]
+            try:
+                res = httpx.get(f"{url}/health", timeout=5)
+                assert res.status_code == 503, "loaded before SIGTERM could be sent"
+                sp.health_before_ready.append((res.status_code, res.text))
+            except httpx.TransportError:
+                time.sleep(0.05)
+        code = sp.terminate_and_wait(timeout=20)
+        assert code == 0, f"exit code {code}; output:\n{sp.output()[-4000:]}"
