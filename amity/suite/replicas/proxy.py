@@ -18,6 +18,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 log = logging.getLogger("amity.suite.replicas")
+# httpx logs every request at INFO: the health probes alone would flood the Suite's log.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones httpx sets itself.
 _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
