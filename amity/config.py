@@ -128,8 +128,7 @@ class SuiteConfig:
     )
     replicas: str = _opt(
         "process", "Where replicas run: `process` (child `amity serve` processes on this "
-        "machine) or `ray` (Ray Serve on --ray-address).", choices=("process", "ray"))
-    ray_address: str | None = _opt(None, "Ray cluster address for --replicas ray.")
+        "machine), the one backend so far (Ray Serve is planned).", choices=("process",))
     model_registry: str | None = _opt(
         None,
         "Directory of models that `hfModelRepo` names resolve to: the Hugging Face cache "

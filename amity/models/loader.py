@@ -18,7 +18,7 @@ from transformers import AutoConfig
 
 from amity.models.llama import MergedLinear
 from amity.models.registry import model_class
-from amity.models.shipped import DEFAULT_MODEL_FILE, default_model_path  # noqa: F401 (re-exported)
+from amity.models.shipped import default_model_path
 from amity.models.tokenizer import Tokenizer
 
 @dataclass

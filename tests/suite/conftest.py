@@ -100,14 +100,14 @@ class SuiteProcess:
         self.proc: subprocess.Popen | None = None
         self.output = ""
 
-    def start(self) -> "SuiteProcess":
+    def start(self, timeout_s: float = 60) -> "SuiteProcess":
         env = {**os.environ, "AMITY_ADMIN_TOKEN": ADMIN_TOKEN, "PYTHONPATH": str(REPO)}
         self.log = open(self.data_dir.parent / f"suite-{self.port}.log", "w+")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "amity.cli", "suite", "--port", str(self.port),
              "--data-dir", str(self.data_dir), *self.extra],
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.time() + 60
+        deadline = time.time() + timeout_s
         while True:
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:

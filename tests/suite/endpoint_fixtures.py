@@ -61,3 +61,18 @@ def wait_for(predicate, timeout_s: float, what: str):
             return value
         assert time.monotonic() < deadline, f"{what} did not happen in {timeout_s} s"
         time.sleep(0.3)
+
+
+def serve_pids(*args: str) -> list[int]:
+    """The `amity serve` processes (replicas) whose command line has all of `args`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        if b"serve" in argv and all(a.encode() in argv for a in args):
+            pids.append(int(entry.name))
+    return pids

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import threading
-from pathlib import Path
 
 import httpx
 import pytest
@@ -17,7 +16,7 @@ import pytest
 from amity.config import StoreConfig
 from amity.suite.store.database import open_database
 from tests.suite.conftest import ADMIN_TOKEN, make_account
-from tests.suite.endpoint_fixtures import (TINY_REPO, build_registry, create_body, start_suite,
+from tests.suite.endpoint_fixtures import (build_registry, create_body, serve_pids, start_suite,
                                            wait_for, wait_status)
 
 pytestmark = pytest.mark.slow
@@ -51,17 +50,7 @@ def create(suite, **extra) -> str:
 
 
 def replica_pids(endpoint_id: str) -> list[int]:
-    """The `amity serve` processes serving `endpoint_id` (they serve under its id)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"serve" in argv and endpoint_id.encode() in argv:
-                pids.append(int(entry.name))
-    return pids
+    return serve_pids(endpoint_id)  # replicas serve under the endpoint id
 
 
 def complete(suite, endpoint_id: str, **body):

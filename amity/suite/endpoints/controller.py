@@ -141,7 +141,6 @@ class Controller:
         """INITIALIZING or AWAKING through the phases to RUNNING, or FAILED."""
         live = self.live[endpoint_id]
         if status == "INITIALIZING":
-            self._record(endpoint_id, status, "REQUESTING_VIRTUAL_MACHINE", desired="running")
             self._record(endpoint_id, status, "DOWNLOADING_MODEL")
         try:
             spec = await asyncio.to_thread(self._spec, endpoint_id, live.config, live.team_id)
@@ -186,6 +185,7 @@ class Controller:
     def deploy(self, row: Endpoint) -> None:
         """A new endpoint (or one restarted): INITIALIZING from the first phase."""
         self.track(row)
+        self._record(row.id, "INITIALIZING", "REQUESTING_VIRTUAL_MACHINE", desired="running")
         self._run(row.id, self._bring_up(row.id, "INITIALIZING"))
 
     def _status(self, endpoint_id: str) -> str:

@@ -16,16 +16,14 @@ from pathlib import Path
 from amity.config import SuiteConfig
 from amity.suite.replicas.backend import ReplicaBackend, ReplicaFailed, ReplicaSpec
 from amity.suite.replicas.pool import ReplicaSet
+from amity.suite.replicas.process import ProcessBackend
 from amity.suite.replicas.proxy import new_client
 
 log = logging.getLogger("amity.suite.replicas")
 
 
 def open_backend(config: SuiteConfig, data_dir: Path) -> ReplicaBackend:
-    if config.replicas == "ray":
-        from amity.suite.replicas.ray import RayBackend
-        return RayBackend(config.ray_address, config.replica_start_timeout_s)
-    from amity.suite.replicas.process import ProcessBackend
+    """The backend `--replicas` names (only `process` so far)."""
     return ProcessBackend(data_dir / "replicas", config.replica_start_timeout_s)
 
 

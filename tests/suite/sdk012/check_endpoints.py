@@ -13,7 +13,6 @@ import time
 import pytest
 from friendli import SyncFriendli
 from friendli.core.utils.retries import RetryConfig
-from friendli.core.utils.eventstreaming import EventStream  # noqa: F401 (the stream type)
 
 URL, TOKEN, PROJECT = os.environ["SUITE_URL"], os.environ["SUITE_TOKEN"], os.environ["SUITE_PROJECT"]
 TINY_REPO, ARTIFACT = os.environ["TINY_REPO"], os.environ["WANDB_ARTIFACT"]
