@@ -20,7 +20,8 @@ from amity.suite.endpoints.controller import Controller
 from amity.suite.endpoints.repos import CannotResolve, resolve_model
 from amity.suite.datasets import routes as dataset_routes
 from amity.suite.datasets import splits as split_routes
-from amity.suite.errors import COMMON_ERRORS, ApiError, install_error_handlers
+from amity.suite.errors import (COMMON_ERRORS, ROUTER_ERRORS, TRANSITION_ERRORS, ApiError,
+                                install_error_handlers)
 from amity.suite.files import routes as file_routes
 from amity.suite.files import transfer
 from amity.suite.files.local import LocalStore
@@ -114,8 +115,8 @@ def build_app(config: SuiteConfig, sessions: sessionmaker[Session], objects: Obj
         app.include_router(module.router, responses=COMMON_ERRORS)
     app.include_router(transfer.router)
 
-    app.include_router(endpoint_routes.router, responses=COMMON_ERRORS)
-    app.include_router(router.dedicated, responses=COMMON_ERRORS)
+    app.include_router(endpoint_routes.router, responses={**COMMON_ERRORS, **TRANSITION_ERRORS})
+    app.include_router(router.dedicated, responses={**COMMON_ERRORS, **ROUTER_ERRORS})
     app.include_router(router.container)
     return app
 

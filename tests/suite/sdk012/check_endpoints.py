@@ -55,8 +55,9 @@ def inference(client, endpoint_id: str) -> None:
     done = d.completions.complete(dedicated_completions_body={"model": endpoint_id, "prompt": "Hi",
                                                               "max_tokens": 3})
     assert done.model == endpoint_id and done.choices[0].text is not None
-    chunks = list(d.completions.stream(dedicated_completions_body={
-        "model": endpoint_id, "prompt": "Hi", "max_tokens": 3, "stream": True}))
+    # no `stream` in the body: the SDK's Accept header asks for the stream
+    chunks = list(d.completions.stream(dedicated_completions_stream_body={
+        "model": endpoint_id, "prompt": "Hi", "max_tokens": 3}))
     assert chunks and all(c.data is not None for c in chunks)
     chat = d.chat.complete(model=endpoint_id, messages=MESSAGES, max_tokens=3)
     assert chat.model == endpoint_id and chat.choices[0].message is not None
