@@ -137,6 +137,10 @@ def open_suite(config: SuiteConfig, store: StoreConfig, announce=print) -> Suite
             announce(f"amity suite: created admin user {created.user.id}, team {created.team.id}, "
                      f"project {created.project.id}")
             announce(f"amity suite: admin token (shown once): {created.token}")
+        else:
+            # Only the token's hash is kept: it cannot be shown again.
+            announce("amity suite: existing data directory; its first start printed the token "
+                     "of the admin user (`amity admin create-token` makes another)")
     return Suite(build_app(config, sessions, open_object_store(config, store, sessions),
                            data_dir(store)), sessions)
 

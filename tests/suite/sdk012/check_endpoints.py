@@ -83,8 +83,14 @@ def test_lifecycle_and_inference_on_a_tiny_model(client):
     assert spec.name == "sdk-renamed"
     history = e.get_version_history(endpoint_id=endpoint_id)
     assert set(history.data) == {"0", "1"} and history.data["1"].name == "sdk-renamed"
+    failing = new_endpoint(client, "sdk-unknown-repo", "nobody/nothing")
+    status = wait(client, failing, {"FAILED", "RUNNING"})
+    assert (status.status, status.error_code) == ("FAILED", "WORKLOAD_INIT_CANNOT_ACCESS_REPO_ERROR")
     page = e.list(project_id=PROJECT, limit=1)
     assert len(page.data) == 1 and page.next_cursor is not None
+    rest = e.list(project_id=PROJECT, limit=1, cursor=page.next_cursor)  # sent back as b'...'
+    assert set(page.data) | set(rest.data) == {endpoint_id, failing}
+    e.delete(endpoint_id=failing)
     assert e.sleep(endpoint_id=endpoint_id).status == "SLEEPING"
     assert e.wake(endpoint_id=endpoint_id).status in ("AWAKING", "RUNNING")
     assert wait(client, endpoint_id, {"RUNNING", "FAILED"}).status == "RUNNING"
