@@ -28,8 +28,10 @@ $(SDK_STAMP):
 .PHONY: install serve test bench
 install: $(STAMP) $(SDK_STAMP)
 
+# The Suite, which also starts and supervises a container of the default model and
+# answers its API (/v1/..., /classify, /metrics) on the same port.
 serve: $(STAMP)
-	$(VENV)/bin/amity serve --host 127.0.0.1 --port 8000
+	$(VENV)/bin/amity suite --host 127.0.0.1 --port 8000
 
 test: $(STAMP) $(SDK_STAMP)
 	$(VENV)/bin/python -m pytest tests

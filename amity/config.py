@@ -134,6 +134,43 @@ class SuiteConfig:
         None, "Seconds after which an uploaded file expires (`expiresAt`). Default: never."
     )
     url_ttl_s: int = _opt(3600, "Seconds a signed upload or download URL stays valid.")
+    # Containers the Suite runs: the default model's, and dedicated endpoints' replicas.
+    container_model: str = _opt(
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "Model of the container whose API the Suite also answers on the container paths "
+        "(/v1/..., /classify, /metrics): a hub name the Suite resolves offline (see "
+        "--model-registry), or `none` for no container.",
+    )
+    replicas: str = _opt(
+        "process", "Where replicas run: `process` (child `amity serve` processes on this "
+        "machine), the one backend so far (Ray Serve is planned).", choices=("process",))
+    model_registry: str | None = _opt(
+        None,
+        "Directory of models that `hfModelRepo` names resolve to: the Hugging Face cache "
+        "layout (models--ORG--NAME/snapshots/REV) or plain ORG/NAME directories. "
+        "Default: DATA_DIR/models.",
+    )
+    wandb_artifact_dir: str | None = _opt(
+        None,
+        "Resolve W&B artifacts (`org/registry/name:vN`) from this directory "
+        "(DIR/org/registry/name/vN) instead of through the `wandb` package.",
+    )
+    replica_args: str = _opt(
+        "--kv-cache-memory 256MiB",
+        "Extra `amity serve` flags for every replica (one string, split like a shell).",
+    )
+    replica_start_timeout_s: float = _opt(600.0, "Seconds a replica may take to become healthy.")
+    wake_timeout_s: float = _opt(
+        300.0, "Seconds an inference request waits for a sleeping or starting endpoint.")
+    queue_timeout_s: float = _opt(
+        30.0, "Seconds a request waits for a free replica slot before a 429.")
+    replica_concurrency: int = _opt(
+        64, "Requests one replica takes at once (advanced.max_batch_size overrides); more wait "
+        "in the endpoint's queue.")
+    target_outstanding: float = _opt(
+        8.0, "Outstanding requests per replica above which an endpoint scales out.")
+    autoscale_interval_s: float = _opt(
+        1.0, "Seconds between the controller's health checks and autoscaling decisions.")
 
 
 def _field_type(f: dataclasses.Field) -> type:

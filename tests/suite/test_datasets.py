@@ -156,3 +156,36 @@ def test_split_names_are_unique_per_dataset(suite):
     assert c.post(f"/beta/dataset/{ds}/split", params={"name": "train"}, headers=h).status_code == 409
     other, _ = _dataset(suite)
     assert c.post(f"/beta/dataset/{other}/split", params={"name": "eval"}, headers=h).status_code == 200
+
+
+def _parquet(rows: list[dict]) -> bytes:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    sink = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), sink)
+    return sink.getvalue()
+
+
+@pytest.mark.parametrize("content,status,count", [
+    (_parquet([{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
+               {"messages": [{"role": "user", "content": "c"}]}]), 200, 2),
+    (_parquet([{"instruction": "i", "input": None, "output": "o"}]), 200, 1),
+    (_parquet([{"prompt": "x"}]), 422, 0),
+    (b"PAR1 not really parquet", 422, 0),
+])
+def test_upload_raw_samples_takes_parquet(suite, content, status, count):
+    c, h = suite.client, suite.admin.headers
+    ds, split = _dataset(suite)
+    url = f"/beta/dataset/{ds}/split/{split}/sample"
+    c.post(url, json=[sample("old")], headers=h)
+    r = c.put(url, files={"file": ("rows.parquet", content)}, headers=h)
+    assert r.status_code == status, r.text
+    data = [json.loads(d) for _, d in c.get(url, headers=h).json()["data"]]
+    if status == 200:
+        assert len(data) == count and len(r.json()["samples"]) == count
+        assert data[0]["messages"][0]["role"] == "user"
+        assert data[0]["messages"][0]["content"] in ("a", "i")
+    else:
+        assert data == [json.loads(sample("old"))]

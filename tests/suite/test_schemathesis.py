@@ -42,7 +42,21 @@ def _operations():
             ("GET", "/beta/dataset/{dataset_id}/split/{split_id}/sample"),
             ("PUT", "/beta/dataset/{dataset_id}/split/{split_id}/sample"),
             ("POST", "/beta/dataset/{dataset_id}/split/{split_id}/sample/delete"),
-            ("POST", "/objects/upload"), ("GET", "/objects/{key}")]
+            ("POST", "/objects/upload"), ("GET", "/objects/{key}"),
+            *ENDPOINT_OPERATIONS]
+
+
+ENDPOINT = "/dedicated/beta/endpoint"
+ENDPOINT_OPERATIONS = [
+    ("POST", "/dedicated/endpoint/wandb-artifact-create"), ("POST", ENDPOINT), ("GET", ENDPOINT),
+    ("GET", ENDPOINT + "/{endpoint_id}"), ("PUT", ENDPOINT + "/{endpoint_id}"),
+    ("DELETE", ENDPOINT + "/{endpoint_id}"), ("GET", ENDPOINT + "/{endpoint_id}/version"),
+    ("GET", ENDPOINT + "/{endpoint_id}/status"),
+    *[("PUT", f"{ENDPOINT}/{{endpoint_id}}/{op}") for op in ("sleep", "wake", "terminate", "restart")],
+    *[("POST", "/dedicated" + path) for path in (
+        "/v1/chat/completions", "/v1/chat/render", "/v1/messages", "/v1/completions",
+        "/v1/embeddings", "/v1/tokenize", "/v1/detokenize", "/v1/images/generations",
+        "/v1/images/edits", "/v1/audio/transcriptions", "/classify")]]
 
 
 def test_the_document_covers_every_operation(api_schema, suite_process):

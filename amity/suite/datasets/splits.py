@@ -3,7 +3,7 @@ changed; with it, a version's frozen copy is read (versions never change).
 
 Bare sample ids are integers; full ids are `dataset:version:split:sample`, with
 `latest` as the version part of working-copy samples. `upload_raw_samples` replaces
-the split's working samples with the rows of a .jsonl file.
+the split's working samples with the rows of a .jsonl or .parquet file.
 """
 
 import json
@@ -171,9 +171,13 @@ class _SpooledUpload:
         self.file.write(data)
 
     def rows(self) -> list[str]:
-        if self.filename and not self.filename.lower().endswith((".jsonl", ".json")):
-            raise ApiError(422, "send the samples as a .jsonl file, one sample per line",
-                           loc=("body", "file"), type="unsupported_format")
+        name = (self.filename or "").lower()
+        if name.endswith(".parquet"):
+            return self._parquet_rows()
+        if self.filename and not name.endswith((".jsonl", ".json")):
+            raise ApiError(422, "send the samples as a .jsonl file (one sample per line) or a "
+                           ".parquet file (one sample per row)", loc=("body", "file"),
+                           type="unsupported_format")
         self.file.seek(0)
         texts = []
         for number, line in enumerate(self.file, start=1):
@@ -184,6 +188,31 @@ class _SpooledUpload:
             except ValueError as error:
                 raise ApiError(422, f"line {number}: {error}", loc=("body", "file"),
                                type="invalid_sample") from None
+        return texts
+
+    def _parquet_rows(self) -> list[str]:
+        """Rows of a Parquet table, read a record batch at a time: the columns of a
+        conversation (`messages`) or of an Alpaca record, as in a .jsonl line."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.file.seek(0)
+        try:
+            batches = pq.ParquetFile(self.file).iter_batches(batch_size=1024)
+            texts, number = [], 0
+            for batch in batches:
+                for row in batch.to_pylist():
+                    number += 1
+                    if isinstance(row, dict):  # Parquet has no "absent": drop the nulls
+                        row = {k: v for k, v in row.items() if v is not None}
+                    try:
+                        texts.append(from_raw_row(row))
+                    except ValueError as error:
+                        raise ApiError(422, f"row {number}: {error}", loc=("body", "file"),
+                                       type="invalid_sample") from None
+        except (pa.ArrowException, OSError) as error:
+            raise ApiError(422, f"not a readable Parquet file: {error}", loc=("body", "file"),
+                           type="unsupported_format") from None
         return texts
 
 

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 import time
 from pathlib import Path
 
@@ -126,3 +127,10 @@ class LocalStore:
         path = self._path(key)
         path.unlink(missing_ok=True)
         Path(f"{path}.meta").unlink(missing_ok=True)
+
+    def copy_to(self, key: str, dest: Path) -> None:
+        # A hard link when the file system allows: model files are large.
+        try:
+            os.link(self._path(key), dest)
+        except OSError:
+            shutil.copyfile(self._path(key), dest)

@@ -8,6 +8,7 @@ signed GET URLs. Keys are always ours (`<project id>/<file id>`).
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 KEY_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}/[A-Za-z0-9_-]{1,64}")
@@ -44,6 +45,9 @@ class ObjectStore(Protocol):
     def download_url(self, key: str) -> str: ...
 
     def delete(self, key: str) -> None: ...
+
+    def copy_to(self, key: str, dest: Path) -> None:
+        """Put the object's bytes at `dest` (a replica loads a model file from there)."""
 
 
 def s3_uri(store: ObjectStore, key: str) -> str:

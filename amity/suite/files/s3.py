@@ -4,6 +4,7 @@ by S3's own scheme. Endpoint and credentials come from the configuration and the
 AWS environment (AWS_ACCESS_KEY_ID, AWS_DEFAULT_REGION, ...)."""
 
 import hashlib
+from pathlib import Path
 
 import boto3
 from botocore.exceptions import ClientError
@@ -48,3 +49,6 @@ class S3Store:
 
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=key)
+
+    def copy_to(self, key: str, dest: Path) -> None:
+        self.client.download_file(self.bucket, key, str(dest))

@@ -154,3 +154,40 @@ class VersionSample(Base):
     version_split_pk: Mapped[int] = mapped_column(Integer, _fk("version_splits.pk"), index=True)
     sample_id: Mapped[int] = mapped_column(Integer)
     data: Mapped[str] = mapped_column(Text)
+
+
+class Endpoint(Base):
+    """A dedicated endpoint: its current configuration (`config`, the normalised
+    create/update body), where it is (`status`, `phase`, `error_code`) and where the
+    Suite should bring it back to after a restart (`desired`: running, sleeping,
+    terminated)."""
+
+    __tablename__ = "endpoints"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64), unique=True)
+    team_id: Mapped[str] = mapped_column(String(64), _fk("teams.id"), index=True)
+    project_id: Mapped[str] = mapped_column(String(64), _fk("projects.id"), index=True)
+    creator_id: Mapped[str] = mapped_column(String(64), ForeignKey("users.id"))
+    name: Mapped[str] = mapped_column(String(200))
+    config: Mapped[dict] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(32))
+    phase: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    desired: Mapped[str] = mapped_column(String(16))
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True, index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class EndpointVersion(Base):
+    """One entry of an endpoint's version history: the configuration it had."""
+
+    __tablename__ = "endpoint_versions"
+    __table_args__ = (UniqueConstraint("endpoint_pk", "number"),)
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    endpoint_pk: Mapped[int] = mapped_column(Integer, _fk("endpoints.pk"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    config: Mapped[dict] = mapped_column(JSON)
+    comment: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -1,0 +1,1 @@
+"""Dedicated endpoints: lifecycle, controller, model resolution, W&B artifacts."""

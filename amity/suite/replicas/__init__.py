@@ -1,0 +1,1 @@
+"""Replicas: container processes (`amity serve`) the Suite starts, supervises and routes to."""

@@ -1,0 +1,108 @@
+"""Forwarding one request to a replica and its answer back, streamed both ways.
+
+The answer's bytes go out as they arrive (`aiter_raw`: no decoding, no buffering),
+with the replica's status and headers. While it streams, a disconnect of the client
+is watched for; it closes the connection to the replica, which aborts the request
+there. A replica that dies mid-answer ends a stream with an `error` event (the
+container's own shape) and any other body where it broke: never a hang.
+"""
+
+import json
+import logging
+from collections.abc import AsyncIterable, Callable
+
+import anyio
+import httpx
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
+
+log = logging.getLogger("amity.suite.replicas")
+# httpx logs every request at INFO: the health probes alone would flood the Suite's log.
+logging.getLogger("httpx").setLevel(logging.WARNING)
+
+# Hop-by-hop headers (RFC 9110 7.6.1) and the ones httpx sets itself.
+_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+        "transfer-encoding", "upgrade", "host", "content-length"}
+
+
+def request_headers(request: Request, drop: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in request.headers.items() if k not in _HOP and k not in drop]
+
+
+def replica_unreachable(error: Exception) -> JSONResponse:
+    # 502: the replica failed this request; the controller replaces a dead one.
+    return JSONResponse({"detail": [{"loc": [], "msg": f"the replica failed: {error!r}",
+                                     "type": "replica_error"}]}, status_code=502)
+
+
+class Upstream(Response):
+    """The replica's answer, relayed."""
+
+    def __init__(self, answer: httpx.Response, on_close: Callable[[], None]):
+        self.answer, self.on_close = answer, on_close
+        self.status_code = answer.status_code
+        self.background = None
+        self.raw_headers = [(k.lower(), v) for k, v in answer.headers.raw
+                            if k.decode("latin-1").lower() not in _HOP - {"content-length"}]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+                async def relay() -> None:
+                    await self._relay(send)
+                    group.cancel_scope.cancel()
+
+                async def watch_disconnect() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    group.cancel_scope.cancel()
+
+                group.start_soon(relay)
+                group.start_soon(watch_disconnect)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.answer.aclose()
+                self.on_close()
+
+    async def _relay(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        try:
+            async for chunk in self.answer.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.HTTPError as error:
+            log.warning("a replica's answer broke off: %r", error)
+            if self.answer.headers.get("content-type", "").startswith("text/event-stream"):
+                event = {"error": {"message": f"the replica failed: {error!r}",
+                                   "type": "replica_error"}}
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": f"event: error\ndata: {json.dumps(event)}\n\n".encode()})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def forward(client: httpx.AsyncClient, url: str, request: Request,
+                  body: bytes | AsyncIterable[bytes], on_close: Callable[[], None],
+                  headers: list[tuple[str, str]] | None = None) -> Response:
+    """Send `request` (with `body`) to `url` and relay the answer. `on_close` runs
+    once, whatever happens, when the exchange is over."""
+    outgoing = client.build_request(request.method, url, params=request.query_params,
+                                    headers=headers if headers is not None
+                                    else request_headers(request), content=body)
+    try:
+        answer = await client.send(outgoing, stream=True)
+    except httpx.HTTPError as error:
+        on_close()
+        return replica_unreachable(error)
+    except BaseException:
+        on_close()
+        raise
+    return Upstream(answer, on_close)
+
+
+def new_client() -> httpx.AsyncClient:
+    # No proxies from the environment: replicas are on loopback. No read timeout:
+    # a long generation is not an error; a dead replica breaks the connection.
+    return httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(None, connect=10.0),
+                             limits=httpx.Limits(max_connections=None,
+                                                 max_keepalive_connections=64))

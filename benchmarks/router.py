@@ -1,0 +1,127 @@
+"""The Suite router's cost, and the cold start of a sleeping endpoint.
+
+Starts `amity suite` (no default container) on a fresh data directory, creates a
+dedicated endpoint of MODEL, and streams the same completions (fixed prompt, fixed
+length: `min_tokens` = `max_tokens`) at each concurrency twice, interleaved: directly
+to the endpoint's replica and through `/dedicated/v1/completions`. Reports tokens/s
+and median TTFT of each, then sleeps the endpoint and times a request from SLEEPING
+to its first token.
+
+    .venv/bin/python benchmarks/router.py --concurrency 1,32 --requests 64 --output-len 64
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+TOKEN = "amity_bench_token"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def one(client: httpx.AsyncClient, url: str, body: dict, headers: dict) -> tuple[float, int, float]:
+    """(TTFT s, tokens, seconds) of one streamed completion."""
+    start = time.perf_counter()
+    first, tokens = None, 0
+    async with client.stream("POST", url, json=body, headers=headers) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]" and '"token"' in line:
+                first = first or time.perf_counter()
+                tokens += 1
+    return first - start, tokens, time.perf_counter() - start
+
+
+async def level(url: str, body: dict, headers: dict, concurrency: int, requests: int) -> dict:
+    queue = list(range(requests))
+    results = []
+    async with httpx.AsyncClient(timeout=600, trust_env=False) as client:
+        async def worker():
+            while queue:
+                queue.pop()
+                results.append(await one(client, url, body, headers))
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    return {"tokens_per_s": sum(r[1] for r in results) / elapsed,
+            "ttft_ms_median": 1000 * statistics.median(r[0] for r in results)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
+    parser.add_argument("--concurrency", default="1,32")
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--replica-args", default="--kv-cache-memory 256MiB")
+    args = parser.parse_args()
+    data = Path(tempfile.mkdtemp(prefix="amity-router-bench-"))
+    port = free_port()
+    suite = subprocess.Popen(
+        [sys.executable, "-m", "amity.cli", "suite", "--port", str(port), "--data-dir", str(data),
+         "--container-model", "none", "--replica-args", args.replica_args],
+        env={**os.environ, "AMITY_ADMIN_TOKEN": TOKEN, "PYTHONPATH": str(REPO)},
+        stdout=open(data / "suite.log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    base, headers = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {TOKEN}"}
+    http = httpx.Client(base_url=base, headers=headers, timeout=600, trust_env=False)
+    try:
+        while True:
+            try:
+                if http.get("/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        listing = json.loads(subprocess.run(
+            [sys.executable, "-m", "amity.cli", "admin", "list", "--json", "--data-dir", str(data)],
+            capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)}).stdout)
+        endpoint = http.post("/dedicated/beta/endpoint", json={
+            "projectId": listing["projects"][0]["id"], "name": "bench", "instanceOptionId": "cpu",
+            "hfModelRepo": args.model, "autoscalingPolicy": {"minReplica": 0, "maxReplica": 1,
+                                                             "cooldownPeriod": 3600},
+            "advanced": {"tokenizer_skip_special_tokens": True,
+                         "tokenizer_add_special_tokens": False}}).json()["id"]
+        while http.get(f"/dedicated/beta/endpoint/{endpoint}/status").json()["status"] != "RUNNING":
+            time.sleep(0.5)
+        log = next((data / "replicas").glob("*.log")).read_text().splitlines()[0]
+        replica_port = re.search(r"--port (\d+)", log).group(1)
+        direct = f"http://127.0.0.1:{replica_port}/v1/completions"
+        body = {"model": endpoint, "prompt": "Once upon a time, in a land far away,",
+                "max_tokens": args.output_len, "min_tokens": args.output_len, "stream": True}
+        asyncio.run(level(direct, body, {}, 1, 2))  # warm-up
+        for c in [int(x) for x in args.concurrency.split(",")]:
+            mine = asyncio.run(level(direct, body, {}, c, args.requests))
+            routed = asyncio.run(level(base + "/dedicated/v1/completions", body, headers, c,
+                                       args.requests))
+            print(json.dumps({"concurrency": c, "direct": mine, "router": routed,
+                              "throughput_cost_pct": 100 * (1 - routed["tokens_per_s"] / mine["tokens_per_s"]),
+                              "ttft_added_ms": routed["ttft_ms_median"] - mine["ttft_ms_median"]}),
+                  flush=True)
+        http.put(f"/dedicated/beta/endpoint/{endpoint}/sleep")
+        while http.get(f"/dedicated/beta/endpoint/{endpoint}").json()["currReplicaCnt"]:
+            time.sleep(0.2)
+        cold = asyncio.run(level(base + "/dedicated/v1/completions", body, headers, 1, 1))
+        ttft = cold["ttft_ms_median"] / 1000
+        print(json.dumps({"cold_start_from_sleeping_s": ttft}), flush=True)
+    finally:
+        suite.terminate()
+        suite.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    main()
