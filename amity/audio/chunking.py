@@ -8,26 +8,16 @@
   30 s, so every cut falls in a pause, and silence is not transcribed.
 """
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from amity.audio.decode import SAMPLE_RATE
 from amity.audio.mel import WINDOW_SAMPLES
 from amity.audio.vad import speech_segments
+from amity.engine.transcription_request import VadOptions
 
 SEAM_SEARCH_S = 5
 FRAME = SAMPLE_RATE // 50  # 20 ms
 TARGET_RMS = 0.1  # -20 dBFS: loudness normalisation's target
-
-
-@dataclass(frozen=True)
-class VadOptions:
-    """OpenAI's server_vad fields and defaults."""
-
-    threshold: float = 0.5
-    prefix_padding_ms: int = 300
-    silence_duration_ms: int = 200
 
 
 def back_to_back_windows(samples: np.ndarray) -> list[tuple[int, int]]:

@@ -22,11 +22,23 @@ MAX_PREVIOUS_TOKENS = 223
 
 
 @dataclass(frozen=True)
+class VadOptions:
+    """OpenAI's server_vad fields and defaults."""
+
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 200
+
+
+@dataclass(frozen=True)
 class TranscriptionParams:
     language: str | None = None  # ISO-639-1; None: detect (multilingual) or English
     task: str = "transcribe"  # or "translate" (to English)
     temperature: float = 0.0  # 0: greedy
     seed: int | None = None
+    # None: the whole file, windows back to back; else cut where VAD hears pauses.
+    vad: VadOptions | None = None
+    n: int = 1  # one transcript per request (the server's Generation reads `n`)
 
 
 @dataclass
@@ -68,6 +80,7 @@ class TranscriptionRequest:
     text_token_ids: list[int] = field(default_factory=list)  # every window's text tokens
     finished_text: str = ""  # the finished windows' text
     emitted_text: str = ""  # what the outputs have carried so far
+    new_token_ids: list[int] = field(default_factory=list)  # since the last output
     total_prompt_tokens: int = 0
     total_output_tokens: int = 0
     finish_reason: str | None = None

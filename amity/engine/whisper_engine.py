@@ -270,6 +270,7 @@ class WhisperEngine:
         for request, row_scores in zip(sampling, scores):
             token = self._pick(request, row_scores)
             request.token_ids.append(token)
+            request.new_token_ids.append(token)
             request.total_output_tokens += 1
             if token == self.vocab.eot or len(request.token_ids) >= self.max_model_len:
                 self._end_window(request)
@@ -314,7 +315,7 @@ class WhisperEngine:
             text = text.rstrip("\ufffd").rstrip()
         delta = text[len(request.emitted_text):] if text.startswith(request.emitted_text) else ""
         request.emitted_text += delta
-        new_ids = request.token_ids[-1:] if request.token_ids and not finished else []
+        new_ids, request.new_token_ids = request.new_token_ids, []
         if finished:
             self.requests.pop(request.request_id, None)
         return RequestOutput(

@@ -42,3 +42,14 @@ def packaged_whisper_dir(name: str, cache_dir: str | Path | None = None) -> Path
             link.unlink(missing_ok=True)
             link.symlink_to(source)
     return root
+
+
+def whisper_model_dir(model: str | None) -> Path | None:
+    """The Whisper directory `--model` names (a packaged name or a Whisper checkpoint
+    directory), or None when it is not Whisper."""
+    from amity.models.whisper_loader import is_whisper_dir
+    if model in PACKAGED:
+        return packaged_whisper_dir(model)
+    if model is not None and is_whisper_dir(model):
+        return Path(model)
+    return None
