@@ -7,6 +7,7 @@ import json
 import openai
 import pytest
 from friendli import SyncFriendli
+from friendli.core.utils.retries import RetryConfig
 
 from tests.audio.conftest import speech_bytes
 
@@ -64,13 +65,15 @@ def test_plain_and_streamed_agree(audio_http, speech_dir):
 
 def test_friendli_sdk(audio_server, speech_dir):
     audio = speech_bytes(speech_dir, "park")
-    with SyncFriendli(server_url=audio_server.url, token="ignored") as client:
-        result = client.container.audio.transcribe(file={"file_name": "park.wav", "content": audio})
+    with SyncFriendli(token="not-checked", retry_config=RetryConfig("none", None, False), timeout_ms=300_000) as client:
+        result = client.container.audio.transcribe(file={"file_name": "park.wav", "content": audio},
+                                                   server_url=audio_server.url)
         assert "park" in result.text and "children" in result.text
         assert result.usage.total_tokens == result.usage.input_tokens + result.usage.output_tokens
         stream = client.container.audio.transcribe(
-            file={"file_name": "park.wav", "content": audio}, stream=True, chunking_strategy="auto")
-        events = list(stream)
+            file={"file_name": "park.wav", "content": audio}, stream=True, chunking_strategy="auto",
+            server_url=audio_server.url)
+        events = [e.data for e in stream]
         deltas = "".join(e.delta for e in events if e.type == "transcript.text.delta")
         done = [e for e in events if e.type == "transcript.text.done"]
         assert len(done) == 1 and deltas == done[0].text
