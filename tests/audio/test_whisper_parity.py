@@ -100,3 +100,18 @@ def test_base_detects_language_and_matches_transformers(base_dir, speech_dir):
     german = loaded.tokenizer.decode(ours["german"])
     assert "Guten Morgen" in german and "Park" in german
     assert "children" in loaded.tokenizer.decode(ours["park"])
+
+
+@pytest.mark.slow
+def test_hf_directory_loads_the_same_model(tiny_dir, speech_dir, tmp_path):
+    """A Hugging Face Whisper directory (written by transformers' save_pretrained from the
+    CTranslate2 weights) loads to the same parameters and vocabulary."""
+    import shutil
+    loaded = load_whisper(tiny_dir)
+    reference(loaded).save_pretrained(tmp_path)
+    shutil.copy(tiny_dir / "tokenizer.json", tmp_path / "tokenizer.json")
+    from_hf = load_whisper(tmp_path)
+    assert from_hf.vocab == loaded.vocab
+    ours, theirs = loaded.model.state_dict(), from_hf.model.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
