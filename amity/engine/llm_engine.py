@@ -27,7 +27,7 @@ from amity.engine.kv_cache_manager import KVCacheManager
 from amity.engine.encoder_runner import EncoderRunner
 from amity.engine.engine_model import EngineModel, load_engine_model
 from amity.engine.outputs import CompletionOutput, FinalOutput, PoolingOutput, RequestOutput, TokenLogprob
-from amity.engine.pooling_params import PoolingParams
+from amity.engine.pooling_params import PoolingParams, ValidatedPooling
 from amity.engine.request import Request, RequestStatus, ValidatedRequest
 from amity.engine.sampler import Sampler, SamplingRow
 from amity.engine.sampling_params import SamplingParams
@@ -317,7 +317,7 @@ class LLMEngine:
             self.detokenizers[request.request_id] = detokenizer
             self.scheduler.add(request)
 
-    def validate_pooling(self, prompt_token_ids: list[int], params: PoolingParams) -> list[int]:
+    def validate_pooling(self, prompt_token_ids: list[int], params: PoolingParams) -> ValidatedPooling:
         """Check a pooling input once, on any thread: RequestError (a 422 naming its
         field) for one this engine cannot pool. An input longer than the model's
         limit is refused, never truncated."""
@@ -337,14 +337,14 @@ class LLMEngine:
         if not self.served.is_encoder and -(-num_prompt // self.block_size) > self.num_blocks:
             raise RequestError(f"the input has {num_prompt} tokens but the server's KV cache holds "
                                f"{self.num_blocks * self.block_size}; shorten it", "input")
-        return list(prompt_token_ids)
+        return ValidatedPooling(list(prompt_token_ids), params)
 
-    def add_pooling(self, request_id: str, prompt_token_ids: list[int], params: PoolingParams) -> None:
+    def add_pooling(self, request_id: str, validated: ValidatedPooling) -> None:
         """Queue a pooling input `validate_pooling` accepted."""
         if request_id in self.groups:
             raise RequestError(f"request id {request_id!r} is already in flight", "request_id")
-        request = Request.pooling(request_id, prompt_token_ids, params,
-                                  self.pooler.pooled_positions(len(prompt_token_ids)))
+        ids = validated.prompt_token_ids
+        request = Request.pooling(request_id, ids, validated.params, self.pooler.pooled_positions(len(ids)))
         self.groups[request_id] = [request]
         self.scheduler.add(request)
 
@@ -529,7 +529,7 @@ class LLMEngine:
         ids = [self.served.encode_input(p) if isinstance(p, str) else p for p in prompts]
         request_ids = [f"pool-{next(self._generate_ids)}" for _ in ids]
         for request_id, prompt in zip(request_ids, ids):
-            self.add_pooling(request_id, self.validate_pooling(prompt, params), params)
+            self.add_pooling(request_id, self.validate_pooling(prompt, params))
         outputs: dict[str, PoolingOutput] = {}
         while self.has_unfinished_requests():
             for out in self.step():

@@ -19,3 +19,11 @@ class PoolingParams:
     def __post_init__(self):
         if self.task not in POOLING_TASKS:
             raise ValueError(f"pooling task {self.task!r} is not one of {POOLING_TASKS}")
+
+
+@dataclass(frozen=True)
+class ValidatedPooling:
+    """A pooling input `LLMEngine.validate_pooling` accepted, ready to queue."""
+
+    prompt_token_ids: list[int]
+    params: PoolingParams

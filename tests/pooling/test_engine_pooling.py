@@ -66,7 +66,7 @@ def test_an_encoder_takes_whole_sequences_and_no_blocks(pooling_checkpoint):
     engine = engine_for(pooling_checkpoint("bert", head=False), max_num_batched_tokens=64)
     prompts = random_prompts(6, engine.vocab_size, lengths=(30, 30, 30, 100, 30, 30))
     for i, p in enumerate(prompts):
-        engine.add_pooling(f"r{i}", p, EMBED)
+        engine.add_pooling(f"r{i}", engine.validate_pooling(p, EMBED))
     finished_per_step, outputs = [], {}
     while engine.has_unfinished_requests():
         step = engine.step()
@@ -107,7 +107,7 @@ def test_pooling_and_generation_share_steps_and_each_gets_what_it_gets_alone(tin
     for i, p in enumerate(generate_prompts):
         engine.add_request(f"g{i}", p, GREEDY)
     for i, p in enumerate(pool_prompts):
-        engine.add_pooling(f"p{i}", p, EMBED)
+        engine.add_pooling(f"p{i}", engine.validate_pooling(p, EMBED))
     tokens: dict[str, list[int]] = {f"g{i}": [] for i in range(len(generate_prompts))}
     vectors, mixed_steps = {}, 0
     while engine.has_unfinished_requests():
