@@ -176,3 +176,22 @@ def test_bad_pooling_inputs_are_request_errors(pooling_checkpoint, tiny_llama_pa
     decoder = engine_for(tiny_llama_path, kv_cache_memory="64KiB")
     with pytest.raises(RequestError, match="KV cache holds"):
         decoder.validate_pooling([5] * (decoder.num_blocks * 8 + 1), EMBED)
+
+
+def test_the_task_is_detected_and_overridden(pooling_checkpoint, tiny_llama_path, minilm_dir):
+    from amity.cli import build_parser
+    from amity.config import from_namespace
+
+    args = build_parser().parse_args(["serve", "--model", str(minilm_dir), "--task", "embed"])
+    assert from_namespace(EngineConfig, args).task == "embed"
+    assert engine_for(tiny_llama_path).task == "generate"
+    assert engine_for(pooling_checkpoint("qwen2")).task == "classify"
+    # A causal LM told to embed pools its last token; a classifier told to embed, its body.
+    decoder = engine_for(tiny_llama_path, task="embed")
+    assert decoder.task == "embed" and decoder.served.can_generate
+    body = engine_for(pooling_checkpoint("bert"), task="embed")
+    assert body.task == "embed" and body.pooler.labels is None
+    with pytest.raises(ValueError, match="no classification head"):
+        engine_for(tiny_llama_path, task="classify")
+    with pytest.raises(ValueError, match="cannot generate"):
+        engine_for(pooling_checkpoint("bert", head=False), task="generate")
