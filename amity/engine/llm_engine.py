@@ -172,6 +172,8 @@ class LLMEngine:
         (a 422 naming its field) for one the engine cannot serve as asked. Returns
         what `add_validated` needs, its grammar compiled. Reads only what is fixed
         at start-up, so it is safe on any thread."""
+        if not self.served.can_generate:
+            raise RequestError(f"this model cannot generate text: it is a {self.task} model", "model")
         num_prompt = len(prompt_token_ids)
         if num_prompt == 0:
             raise RequestError("the prompt is empty; give at least one token", "prompt")
@@ -418,11 +420,11 @@ class LLMEngine:
         if not done:
             return []
         parts = [self.pooled_parts.pop(request) for request in done]
+        rows = torch.cat([p for request_parts in parts for p in request_parts])
         lens = [sum(len(p) for p in request_parts) for request_parts in parts]
-        seq_starts = torch.tensor([0, *itertools.accumulate(lens)], device=result.pooled_hidden.device)
+        seq_starts = torch.tensor([0, *itertools.accumulate(lens)], device=rows.device)
         with torch.inference_mode():
-            values = self.pooler(torch.cat([p for request_parts in parts for p in request_parts]),
-                                 seq_starts).cpu()
+            values = self.pooler(rows, seq_starts).cpu()
         outputs = []
         for request, value in zip(done, values):
             self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED)

@@ -1,4 +1,6 @@
-"""A request's state inside the engine: one sequence being generated.
+"""A request's state inside the engine: one sequence being generated, or a pooling
+request (`Request.pooling`: a prompt whose hidden states become a vector or class
+probabilities, see pooler.py).
 
 A Friendli request with `n` choices becomes `n` engine requests (one per choice)
 that share a `group_id`. The scheduling rule lives on `num_computed_tokens`: it

@@ -195,3 +195,18 @@ def test_the_task_is_detected_and_overridden(pooling_checkpoint, tiny_llama_path
         engine_for(tiny_llama_path, task="classify")
     with pytest.raises(ValueError, match="cannot generate"):
         engine_for(pooling_checkpoint("bert", head=False), task="generate")
+
+
+def test_cls_pooling_over_chunks_and_no_generation_on_a_classifier(pooling_checkpoint, tiny_llama_path):
+    """CLS pooling reads position 0 in a prompt's first chunk and finishes in its last,
+    which gathers nothing; a classifier refuses generation requests."""
+    engine = engine_for(tiny_llama_path, max_num_batched_tokens=16, enable_prefix_caching=False)
+    engine.pooler = Pooler(Pooling("cls", normalize=False))
+    prompt = random_prompts(1, engine.vocab_size, lengths=(40,), seed=5)[0]
+    chunked = engine.pool([prompt], EMBED)[0].data
+    whole = engine_for(tiny_llama_path, enable_prefix_caching=False)
+    whole.pooler = engine.pooler
+    torch.testing.assert_close(chunked, whole.pool([prompt], EMBED)[0].data, atol=HIT_ATOL, rtol=0)
+    classifier = engine_for(pooling_checkpoint("qwen2"))
+    with pytest.raises(RequestError, match="cannot generate text: it is a classify model"):
+        classifier.validate([1, 2, 3], GREEDY)
