@@ -166,7 +166,7 @@ def main() -> int:
     if args.num_threads:
         serve_args += ["--num-threads", str(args.num_threads)]
     log = work / "server.log"
-    proc, url = start_server(serve_args, log)
+    proc, url = start_server(serve_args, log, timeout=900)  # a first start compiles the CPU kernels
     try:
         got = httpx.post(f"{url}/v1/embeddings", json={"input": texts[:8]}, timeout=120).json()
         ours = torch.tensor([d["embedding"] for d in got["data"]])
