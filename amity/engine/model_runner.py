@@ -2,7 +2,8 @@
 
 `prepare` is the one place where a step's tensors are made from plain Python
 state (token ids, positions, KV slots, block tables, which positions need logits).
-The LM head runs only on the positions whose logits the engine needs.
+The LM head runs only on the positions whose logits the engine needs. With LoRA,
+each token also carries its request's adapter slot (models/lora.py).
 """
 
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ import torch
 from amity.engine.request import Request
 from amity.engine.scheduler import SchedulerOutput
 from amity.models.attention import AttentionMetadata
+from amity.models.lora import LoraSlots
 
 
 @dataclass
@@ -23,6 +25,7 @@ class StepInputs:
     logit_rows: list[tuple[Request, int]]  # (request, position) of each logits row
     replaced_indices: torch.Tensor | None  # flat indices whose embedding is replaced
     replaced_vectors: torch.Tensor | None
+    adapter_slots: torch.Tensor | None  # [T] each token's LoRA slot (-1: base); None without LoRA
 
 
 @dataclass
@@ -33,8 +36,9 @@ class StepResult:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                 block_size: int, device: torch.device, dtype: torch.dtype):
+                 block_size: int, device: torch.device, dtype: torch.dtype, lora: LoraSlots | None = None):
         self.model = model
+        self.lora = lora
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
@@ -51,12 +55,14 @@ class ModelRunner:
         logit_rows: list[tuple[Request, int]] = []
         replaced_idx: list[int] = []
         replaced_vec: list[torch.Tensor] = []
+        adapter_slots: list[int] = []
         for i, s in enumerate(step.scheduled):
             req, start, n = s.request, s.start_position, s.num_new_tokens
             flat_start = len(input_ids)
             input_ids.extend(req.all_token_ids[start:start + n])
             positions.extend(range(start, start + n))
             seq_of_token.extend([i] * n)
+            adapter_slots.extend([req.adapter_slot] * n)
             query_start.append(flat_start + n)
             context_lens.append(start + n)
             block_tables.append(req.block_table)
@@ -88,6 +94,7 @@ class ModelRunner:
             logit_rows=logit_rows,
             replaced_indices=torch.tensor(replaced_idx, dtype=torch.long, device=dev) if replaced_idx else None,
             replaced_vectors=torch.stack(replaced_vec).to(dev, self.dtype) if replaced_vec else None,
+            adapter_slots=torch.tensor(adapter_slots, dtype=torch.long, device=dev) if self.lora else None,
         )
 
     @torch.inference_mode()
@@ -96,6 +103,8 @@ class ModelRunner:
         embeds = self.model.embed(inputs.input_ids)
         if inputs.replaced_indices is not None:
             embeds = embeds.index_copy(0, inputs.replaced_indices, inputs.replaced_vectors)
+        if self.lora is not None:
+            self.lora.set_step(inputs.adapter_slots)
         hidden = self.model(embeds, inputs.positions, self.kv_caches, inputs.attn)
         logits = self.model.compute_logits(hidden[inputs.logits_indices]).float()
         return StepResult(logits, inputs.logit_rows)

@@ -87,6 +87,10 @@ class Request:
     grammar: object | None = None
     grammar_failed: bool = False
     stop_reason: str | tuple[int, ...] | None = None  # see outputs.CompletionOutput
+    # Its LoRA adapter's slot in the model (-1: the base model) and the key that roots
+    # its prefix-cache hashes (None for the base), set when the engine adds it.
+    adapter_slot: int = -1
+    adapter_cache_key: bytes | None = None
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.prompt_token_ids)
