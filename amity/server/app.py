@@ -14,7 +14,7 @@ from amity.config import ServerConfig
 from amity.engine.client import EngineClient
 from amity.server import schemas as s
 from amity.server.errors import install_error_handlers
-from amity.server.routes import chat, completions, messages, tokens
+from amity.server.routes import chat, completions, lora, messages, tokens
 from amity.server.state import ServerState
 
 
@@ -41,7 +41,7 @@ def build_app(engine: EngineClient | None, server_config: ServerConfig, *,
     app = FastAPI(title="amity: Friendli Container API", version="0.1.0", lifespan=lifespan)
     app.state.amity = state
     install_error_handlers(app)
-    for module in (completions, chat, messages, tokens):
+    for module in (completions, chat, messages, tokens, lora):
         app.include_router(module.router)
 
     @app.get("/health")
@@ -58,7 +58,11 @@ def build_app(engine: EngineClient | None, server_config: ServerConfig, *,
         state.ready_engine()
         card = s.ModelCard(id=state.model_name, created=state.created,
                            max_model_len=state.info.max_model_len)
-        return s.ModelList(data=[card])
+        # LoRA adapters as vLLM lists them: `root` their path, `parent` the base.
+        adapters = [s.ModelCard(id=route, created=state.created, max_model_len=state.info.max_model_len,
+                                root=path, parent=state.model_name)
+                    for route, path in state.adapters().items()]
+        return s.ModelList(data=[card, *adapters])
 
     @app.get("/metrics")
     async def metrics():
