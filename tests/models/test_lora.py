@@ -230,3 +230,26 @@ def test_bad_adapters_are_refused_clearly(tiny_model_factory, tiny_llama_path, a
         with pytest.raises(AdapterError, match=message):
             engine.load_lora_adapter(route, str(path))
     assert engine.lora_adapters() == {}
+
+
+@pytest.mark.slow
+def test_compiled_engine_serves_adapters_as_eager(tiny_llama_path, adapters):
+    """Adapter slots are step inputs (a buffer written in place), so the compiled
+    graphs serve any mix of adapters, and an adapter loaded after compilation, with
+    the same results as eager and no more than compilation.py's two graphs."""
+    dirs = adapters["llama"]
+    g = torch.Generator().manual_seed(11)
+    routes = [None, "full", "qv-rslora", "mlp"]
+    jobs = [(torch.randint(1, 300, (n,), generator=g).tolist(), routes[i % 4])
+            for i, n in enumerate([1, 9, 17, 30, 3, 12])]
+    start = {"full": dirs["full"], "qv-rslora": dirs["qv-rslora"]}
+    eager = lora_engine(tiny_llama_path, start, max_num_batched_tokens=24)
+    eager.load_lora_adapter("mlp", str(dirs["mlp"]))
+    expected = _outputs(eager, jobs)
+    torch._dynamo.reset()
+    compiled = lora_engine(tiny_llama_path, start, max_num_batched_tokens=24, compile=True)
+    compiled.load_lora_adapter("mlp", str(dirs["mlp"]))  # after the graphs were built
+    for (tokens, logprobs), (want_tokens, want_logprobs) in zip(_outputs(compiled, jobs), expected):
+        assert tokens == want_tokens
+        torch.testing.assert_close(logprobs, want_logprobs, atol=1e-4, rtol=0)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
