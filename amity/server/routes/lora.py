@@ -19,6 +19,12 @@ from amity.server.errors import ApiError, error_responses
 from amity.server.state import ServerState, state_of
 
 router = APIRouter()
+RESPONSES = {
+    **error_responses(),
+    400: {"model": s.HTTPValidationError, "description": "A bad adapter, a name already loaded, all "
+                                                         "--max-loras slots taken, or LoRA not enabled."},
+    409: {"model": s.HTTPValidationError, "description": "The adapter has requests in flight."},
+}
 
 
 class LoadLoraAdapterBody(s.RequestModel):
@@ -48,7 +54,7 @@ async def _call(action, *args) -> None:
         raise ApiError(400, str(error), type="invalid_lora_adapter") from error
 
 
-@router.post("/v1/load_lora_adapter", response_class=PlainTextResponse, responses=error_responses())
+@router.post("/v1/load_lora_adapter", response_class=PlainTextResponse, responses=RESPONSES)
 async def load_lora_adapter(body: LoadLoraAdapterBody, request: Request):
     state = state_of(request)
     engine = _adapter_engine(state)
@@ -59,7 +65,7 @@ async def load_lora_adapter(body: LoadLoraAdapterBody, request: Request):
     return f"Success: LoRA adapter '{body.lora_name}' added successfully."
 
 
-@router.post("/v1/unload_lora_adapter", response_class=PlainTextResponse, responses=error_responses())
+@router.post("/v1/unload_lora_adapter", response_class=PlainTextResponse, responses=RESPONSES)
 async def unload_lora_adapter(body: UnloadLoraAdapterBody, request: Request):
     engine = _adapter_engine(state_of(request))
     await _call(engine.unload_lora_adapter, body.lora_name)
