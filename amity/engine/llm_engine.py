@@ -33,7 +33,7 @@ from amity.models.cpu_kernels import load_cpu_kernels
 from amity.models.dtype import resolve_device, resolve_dtype
 from amity.models.loader import LoadedModel, load_model
 from amity.models.lora import apply_lora
-from amity.models.peft_adapter import AdapterError
+from amity.models.peft_adapter import AdapterError, LoraAdapter
 from amity.models.quantization import quantize_model
 
 logger = logging.getLogger("amity.engine")
@@ -132,31 +132,31 @@ class LLMEngine:
 
     # -- LoRA adapters ------------------------------------------------------
 
-    def read_lora_adapter(self, path: str):
-        """An adapter's files, read and checked against the model (AdapterError if
-        they do not fit): any thread."""
+    def _lora_or_refuse(self) -> LoraManager:
         if self.lora is None:
             raise AdapterError("this engine serves no LoRA adapters; start it with --enable-lora "
                                "or --lora-modules")
-        return self.lora.read(path)
+        return self.lora
 
-    def install_lora_adapter(self, route: str, adapter) -> LoadedAdapter:
+    def read_lora_adapter(self, path: str) -> LoraAdapter:
+        """An adapter's files, read and checked against the model (AdapterError if
+        they do not fit): any thread."""
+        return self._lora_or_refuse().read(path)
+
+    def install_lora_adapter(self, route: str, adapter: LoraAdapter) -> LoadedAdapter:
         """Serve a `read_lora_adapter` result as `route`: on the engine thread, between steps."""
-        if self.lora is None:
-            raise AdapterError("this engine serves no LoRA adapters")
-        return self.lora.install(route, adapter)
+        return self._lora_or_refuse().install(route, adapter)
 
     def load_lora_adapter(self, route: str, path: str) -> LoadedAdapter:
         return self.install_lora_adapter(route, self.read_lora_adapter(path))
 
     def unload_lora_adapter(self, route: str) -> None:
         """Stop serving `route`; refused (AdapterInUse) while requests use it."""
-        if self.lora is None:
-            raise AdapterError("this engine serves no LoRA adapters")
-        key = self.lora.get(route).cache_key
+        lora = self._lora_or_refuse()
+        key = lora.get(route).cache_key
         in_flight = sum(1 for group in self.groups.values() for r in group
                         if r.adapter_cache_key == key and not r.is_finished)
-        self.lora.remove(route, in_flight)
+        lora.remove(route, in_flight)
 
     def lora_adapters(self) -> dict[str, LoadedAdapter]:
         return self.lora.adapters if self.lora else {}
