@@ -6,9 +6,12 @@ Tools run in a worker thread (the loop's `asyncio.to_thread`); each bounds its o
 work (sizes, time), so a hostile argument cannot hold the Suite.
 """
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from amity.config import SuiteConfig
 
 
 class ToolError(Exception):
@@ -51,6 +54,14 @@ class ToolSettings:
     linkup_url: str = "https://api.linkup.so/v1"
     interpreter_python: str = "/usr/bin/python3"
     interpreter_timeout_s: float = 20.0
+
+    @classmethod
+    def from_config(cls, config: SuiteConfig) -> "ToolSettings":
+        allow = tuple(filter(None, (h.strip() for h in (config.web_url_allow or "").split(","))))
+        return cls(web_allow=allow, searxng_url=config.web_search_url,
+                   linkup_api_key=config.linkup_api_key or os.environ.get("LINKUP_API_KEY"),
+                   interpreter_python=config.interpreter_python,
+                   interpreter_timeout_s=config.interpreter_timeout_s)
 
 
 @dataclass

@@ -1,0 +1,167 @@
+"""Serverless routes: the model catalog and tool-assisted chat.
+
+`GET /serverless/v1/models` needs no token (the spec declares no security) and
+ignores one that is sent. `POST /serverless/tools/v1/chat/completions` resolves
+`model` in the catalog (unknown: 404; a model without `builtin_tool`: 422), finds a
+container for it (ModelEndpoints) and runs the tool loop: a stream of `tool_status`
+events and answer chunks, or one chat result.
+"""
+
+import json
+
+import httpx
+from fastapi import APIRouter, Depends, Header, Request
+from fastapi.responses import StreamingResponse
+
+from amity.suite.auth import Caller, caller
+from amity.suite.errors import ApiError, not_found
+from amity.suite.serverless.endpoints import NoReplica
+from amity.suite.serverless.schemas import (FileBuiltInTool, FunctionTool,
+                                            ServerlessModelListSuccess, ToolAssistedChatBody)
+from amity.suite.serverless.streaming import wants_stream
+from amity.suite.tools.base import ToolContext
+from amity.suite.tools.files import StoreFiles
+from amity.suite.tools.loop import ContainerError, LoopRequest, ToolLoop
+from amity.suite.tools.registry import BUILTIN_TOOLS
+
+router = APIRouter(tags=["Serverless"])
+DONE = b"data: [DONE]\n\n"
+CONTAINER_TIMEOUT = httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=10.0)
+
+
+@router.get("/serverless/v1/models", response_model=ServerlessModelListSuccess,
+            summary="Retrieve serverless models", operation_id="serverlessModelList")
+def list_models(request: Request):
+    catalog = request.app.state.catalog
+    return ServerlessModelListSuccess(data=[e.item() for e in catalog.entries.values()])
+
+
+def _loop_request(body: ToolAssistedChatBody, context: ToolContext) -> LoopRequest:
+    builtin, functions = [], []
+    for tool in body.tools or []:
+        if isinstance(tool, FunctionTool):
+            functions.append(tool.model_dump(exclude_none=True))
+            continue
+        if any(t.type == tool.type for t in builtin):
+            raise ApiError(422, f"the tool {tool.type} is listed twice", loc=("body", "tools"),
+                           type="value_error")
+        builtin.append(BUILTIN_TOOLS[tool.type])
+        if isinstance(tool, FileBuiltInTool):
+            context.file_ids = list(tool.files)
+    reserved = {t.function_name: t.type for t in BUILTIN_TOOLS.values()}
+    for f in functions:
+        if f["function"]["name"] in reserved:
+            raise ApiError(422, f"the function name {f['function']['name']!r} is taken by the "
+                                f"built-in tool {reserved[f['function']['name']]}",
+                           loc=("body", "tools"), type="value_error")
+    choice = body.tool_choice or "auto"
+    if not isinstance(choice, str):
+        name = choice.function.name
+        offered = {t.type: t.function_name for t in builtin} | {
+            t.function_name: t.function_name for t in builtin} | {
+            f["function"]["name"]: f["function"]["name"] for f in functions}
+        if name not in offered:
+            raise ApiError(422, f"`tool_choice` names {name!r}, which is not in `tools`",
+                           loc=("body", "tool_choice"), type="value_error")
+        choice = {"type": "function", "function": {"name": offered[name]}}
+    elif choice == "required" and not (builtin or functions):
+        raise ApiError(422, "`tool_choice` is `required` but no `tools` are given",
+                       loc=("body", "tool_choice"), type="value_error")
+    return LoopRequest(model=body.model, messages=body.messages, builtin=builtin,
+                       functions=functions, tool_choice=choice,
+                       resume_generation=bool(body.resume_generation),
+                       fields=body.passed_through(), context=context)
+
+
+def _detail(error: ContainerError) -> str:
+    detail = error.detail if isinstance(error.detail, str) else json.dumps(error.detail)
+    return f"the model's container: {detail}"
+
+
+def _frames(loop: ToolLoop, http: httpx.AsyncClient, include_usage: bool):
+    async def frames():
+        try:
+            async for kind, data in loop.run():
+                text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+                yield (f"event: tool_status\ndata: {text}\n\n" if kind == "tool_status"
+                       else f"data: {text}\n\n").encode()
+            if include_usage:
+                out = loop.outcome
+                yield f"data: {json.dumps({'id': out.id, 'object': 'chat.completion.chunk', 'created': out.created, 'model': loop.request.model, 'choices': [], 'usage': out.usage})}\n\n".encode()
+            yield DONE
+        except ContainerError as error:
+            # The status went out with the first byte: the failure is told in the
+            # stream, as the container's own streams do.
+            error_body = {"message": _detail(error), "type": "container_error", "code": error.status}
+            yield f"data: {json.dumps({'error': error_body})}\n\n".encode()
+            yield DONE
+        finally:
+            await http.aclose()
+    return frames()
+
+
+def _result(loop: ToolLoop) -> dict:
+    out = loop.outcome
+    if out.failed_tool is not None:
+        error = out.failed_tool["error"]
+        raise ApiError(422, f"the built-in tool {out.failed_tool['name']} failed "
+                            f"({error['type']}): {error['msg']}. With `resume_generation: true` "
+                            f"the model is told the error and goes on.",
+                       loc=("body", "tools"), type="tool_error")
+    message = {"role": "assistant", "content": out.content or (None if out.tool_calls else "")}
+    if out.tool_calls:
+        message["tool_calls"] = out.tool_calls
+    if out.reasoning:
+        message["reasoning_content"] = out.reasoning
+    return {"id": out.id, "object": "chat.completion", "created": out.created,
+            "model": loop.request.model, "usage": out.usage,
+            "choices": [{"index": 0, "message": message, "finish_reason": out.finish_reason,
+                         "logprobs": None}]}
+
+
+@router.post("/serverless/tools/v1/chat/completions",
+             summary="Tool assisted chat completions",
+             operation_id="serverlessToolAssistedChatComplete")
+async def tool_assisted_chat(body: ToolAssistedChatBody, request: Request,
+                             accept: str | None = Header(None),
+                             who: Caller = Depends(caller)):
+    state = request.app.state
+    entry = state.catalog.get(body.model)
+    if entry is None:
+        raise not_found("serverless model", body.model, loc=("body", "model"))
+    if not entry.functionality.builtin_tool:
+        raise ApiError(422, f"{body.model} cannot be used with tool-assisted chat "
+                            f"(its `functionality.builtin_tool` is false)",
+                       loc=("body", "model"), type="value_error")
+    files = StoreFiles(state.sessions, state.objects, who, state.config.file_ttl_s)
+    loop_request = _loop_request(body, ToolContext(state.tool_settings, files))
+    try:
+        base_url = await state.endpoints.base_url(entry.id)
+    except NoReplica as error:
+        raise ApiError(404, str(error), loc=("body", "model"), type="not_served") from None
+    http = httpx.AsyncClient(timeout=CONTAINER_TIMEOUT, trust_env=False)
+    loop = ToolLoop(http, base_url, loop_request)
+    if wants_stream(body.stream, accept):
+        frames = _frames(loop, http, bool(body.stream_options and body.stream_options.include_usage))
+        try:
+            first = await anext(frames)  # a container's refusal of the first turn is an HTTP error
+        except StopAsyncIteration:
+            first = DONE
+        if first.startswith(b'data: {"error"'):
+            await frames.aclose()
+            detail = json.loads(first[6:].split(b"\n")[0])["error"]
+            raise ApiError(detail["code"], detail["message"], loc=("body",), type="container_error")
+
+        async def stream():
+            yield first
+            async for frame in frames:
+                yield frame
+        return StreamingResponse(stream(), media_type="text/event-stream")
+    try:
+        async for _ in loop.run():
+            pass
+    except ContainerError as error:
+        raise ApiError(error.status, _detail(error), loc=("body",), type="container_error") from None
+    finally:
+        await http.aclose()
+    return _result(loop)
