@@ -42,7 +42,8 @@ def _operations():
             ("GET", "/beta/dataset/{dataset_id}/split/{split_id}/sample"),
             ("PUT", "/beta/dataset/{dataset_id}/split/{split_id}/sample"),
             ("POST", "/beta/dataset/{dataset_id}/split/{split_id}/sample/delete"),
-            ("POST", "/objects/upload"), ("GET", "/objects/{key}")]
+            ("POST", "/objects/upload"), ("GET", "/objects/{key}"),
+            ("GET", "/serverless/v1/models"), ("POST", "/serverless/tools/v1/chat/completions")]
 
 
 def test_the_document_covers_every_operation(api_schema, suite_process):

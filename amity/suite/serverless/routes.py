@@ -78,26 +78,31 @@ def _detail(error: ContainerError) -> str:
     return f"the model's container: {detail}"
 
 
-def _frames(loop: ToolLoop, http: httpx.AsyncClient, include_usage: bool):
-    async def frames():
-        try:
-            async for kind, data in loop.run():
-                text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-                yield (f"event: tool_status\ndata: {text}\n\n" if kind == "tool_status"
-                       else f"data: {text}\n\n").encode()
-            if include_usage:
-                out = loop.outcome
-                yield f"data: {json.dumps({'id': out.id, 'object': 'chat.completion.chunk', 'created': out.created, 'model': loop.request.model, 'choices': [], 'usage': out.usage})}\n\n".encode()
-            yield DONE
-        except ContainerError as error:
-            # The status went out with the first byte: the failure is told in the
-            # stream, as the container's own streams do.
-            error_body = {"message": _detail(error), "type": "container_error", "code": error.status}
-            yield f"data: {json.dumps({'error': error_body})}\n\n".encode()
-            yield DONE
-        finally:
-            await http.aclose()
-    return frames()
+def _frame(data: dict, event: str | None = None) -> bytes:
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return (f"event: {event}\n" if event else "").encode() + f"data: {text}\n\n".encode()
+
+
+async def _frames(loop: ToolLoop, events, first, http: httpx.AsyncClient, include_usage: bool):
+    try:
+        item = first
+        while item is not None:
+            kind, data = item
+            yield _frame(data, "tool_status" if kind == "tool_status" else None)
+            item = await anext(events, None)
+        if include_usage:
+            out = loop.outcome
+            yield _frame({"id": out.id, "object": "chat.completion.chunk", "created": out.created,
+                          "model": loop.request.model, "choices": [], "usage": out.usage})
+        yield DONE
+    except ContainerError as error:
+        # The status went out with the first byte: the failure is told in the stream,
+        # as the container's own streams do.
+        yield _frame({"error": {"message": _detail(error), "type": "container_error",
+                                "code": error.status}})
+        yield DONE
+    finally:
+        await http.aclose()
 
 
 def _result(loop: ToolLoop) -> dict:
@@ -141,27 +146,23 @@ async def tool_assisted_chat(body: ToolAssistedChatBody, request: Request,
         raise ApiError(404, str(error), loc=("body", "model"), type="not_served") from None
     http = httpx.AsyncClient(timeout=CONTAINER_TIMEOUT, trust_env=False)
     loop = ToolLoop(http, base_url, loop_request)
-    if wants_stream(body.stream, accept):
-        frames = _frames(loop, http, bool(body.stream_options and body.stream_options.include_usage))
-        try:
-            first = await anext(frames)  # a container's refusal of the first turn is an HTTP error
-        except StopAsyncIteration:
-            first = DONE
-        if first.startswith(b'data: {"error"'):
-            await frames.aclose()
-            detail = json.loads(first[6:].split(b"\n")[0])["error"]
-            raise ApiError(detail["code"], detail["message"], loc=("body",), type="container_error")
-
-        async def stream():
-            yield first
-            async for frame in frames:
-                yield frame
-        return StreamingResponse(stream(), media_type="text/event-stream")
+    events = loop.run()
+    handed_over = False  # to a stream, which closes both when it ends (_frames)
     try:
-        async for _ in loop.run():
+        # The first turn's refusal (a bad sampling value, say) is the response's status.
+        first = await anext(events, None)
+        if wants_stream(body.stream, accept):
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            response = StreamingResponse(_frames(loop, events, first, http, include_usage),
+                                         media_type="text/event-stream")
+            handed_over = True
+            return response
+        async for _ in events:
             pass
     except ContainerError as error:
         raise ApiError(error.status, _detail(error), loc=("body",), type="container_error") from None
     finally:
-        await http.aclose()
+        if not handed_over:
+            await events.aclose()
+            await http.aclose()
     return _result(loop)

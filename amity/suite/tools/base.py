@@ -91,3 +91,11 @@ def string_arg(args: dict, name: str, max_chars: int) -> str:
     if len(value) > max_chars:
         raise ToolError("invalid_arguments", f"`{name}` may be at most {max_chars} characters")
     return value
+
+
+def text_output(fields: dict, text: str, max_chars: int) -> ToolOutput:
+    """`fields` and `text`, cut to `max_chars` with a note saying so."""
+    result = {**fields, "text": text[:max_chars]}
+    if len(text) > max_chars:
+        result["truncated"] = f"the first {max_chars} of {len(text)} characters"
+    return ToolOutput(result)

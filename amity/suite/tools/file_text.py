@@ -8,7 +8,7 @@ import io
 from pypdf import PdfReader
 from pypdf.errors import PdfReadError
 
-from amity.suite.tools.base import BuiltinTool, ToolContext, ToolError, ToolOutput
+from amity.suite.tools.base import BuiltinTool, ToolContext, ToolError, ToolOutput, text_output
 
 MAX_FILE_BYTES = 20 << 20
 MAX_TEXT_CHARS = 50_000
@@ -39,11 +39,7 @@ def run(args: dict, context: ToolContext) -> ToolOutput:
         raise ToolError("files_unavailable", "there is no file store")
     file_id = context.file_ids[0]
     name, data = context.files.read(file_id, MAX_FILE_BYTES)
-    text = extract(name, data)
-    result = {"file": name, "text": text[:MAX_TEXT_CHARS]}
-    if len(text) > MAX_TEXT_CHARS:
-        result["truncated"] = f"the first {MAX_TEXT_CHARS} of {len(text)} characters"
-    return ToolOutput(result)
+    return text_output({"file": name}, extract(name, data), MAX_TEXT_CHARS)
 
 
 TOOL = BuiltinTool(

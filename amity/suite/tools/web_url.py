@@ -18,7 +18,8 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
-from amity.suite.tools.base import BuiltinTool, ToolContext, ToolError, ToolOutput, string_arg
+from amity.suite.tools.base import (BuiltinTool, ToolContext, ToolError, ToolOutput, string_arg,
+                                    text_output)
 from amity.suite.tools.readable import readable_text
 
 MAX_BYTES = 2 << 20
@@ -123,10 +124,7 @@ def run(args: dict, context: ToolContext) -> ToolOutput:
         title, text = "", body.decode("utf-8", "replace")
     else:
         raise ToolError("unsupported_content", f"{final_url} is {kind}, not text")
-    result = {"url": final_url, "title": title, "text": text[:MAX_TEXT_CHARS]}
-    if len(text) > MAX_TEXT_CHARS:
-        result["truncated"] = f"the first {MAX_TEXT_CHARS} of {len(text)} characters"
-    return ToolOutput(result)
+    return text_output({"url": final_url, "title": title}, text, MAX_TEXT_CHARS)
 
 
 TOOL = BuiltinTool(

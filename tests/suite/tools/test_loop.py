@@ -15,6 +15,8 @@ from tests.suite.tools.sse import read_events
 SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 CHAT = "/serverless/tools/v1/chat/completions"
 QUESTION = [{"role": "user", "content": "What is 150 * 1.60934? Use the calculator."}]
+# A container starts (10-15 s alone) and each test runs several model turns.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ on the default model (tests/suite/sdk012/check_serverless.py, run in the SDK ven
 
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -13,6 +12,7 @@ from tests.suite.conftest import ADMIN_TOKEN, REPO, SuiteProcess
 SDK_PYTHON = REPO / ".venv-sdk012" / "bin" / "python"
 CHECKS = REPO / "tests" / "suite" / "sdk012" / "check_serverless.py"
 SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+pytestmark = pytest.mark.slow  # a Suite process and a container, then several model turns
 
 
 def test_friendli_0_12_8_drives_the_catalog_and_tool_assisted_chat(smol_container, tmp_path):
