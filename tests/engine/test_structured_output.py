@@ -51,7 +51,12 @@ MAX_TOKENS = 64
 
 @pytest.fixture(scope="module")
 def engine():
-    return LLMEngine(EngineConfig(max_model_len=2048, max_num_seqs=64))
+    # No prefix cache: a cache hit computes the rest of a prompt in the short-chunk kernel
+    # and moves logits by rounding (README, Numerics; tests/server/test_consistency.py),
+    # which the default int8 activations can turn into another seeded sample. This test
+    # is about what constrained rows do to the others in one batch, not about the cache.
+    return LLMEngine(EngineConfig(max_model_len=2048, max_num_seqs=64,
+                                  enable_prefix_caching=False))
 
 
 def chat(engine, question: str) -> list[int]:
