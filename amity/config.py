@@ -171,6 +171,26 @@ class SuiteConfig:
         8.0, "Outstanding requests per replica above which an endpoint scales out.")
     autoscale_interval_s: float = _opt(
         1.0, "Seconds between the controller's health checks and autoscaling decisions.")
+    # Serverless (amity/suite/serverless, amity/suite/tools).
+    catalog: str | None = _opt(
+        None, "TOML file of the serverless model catalog (`GET /serverless/v1/models`). "
+              "Default: the built-in one, listing the models that ship with amity.")
+    serverless_model_urls: str | None = _opt(
+        None, "Containers already serving catalog models, as CATALOG_ID=BASE_URL[,...] "
+              "(e.g. HuggingFaceTB/SmolLM2-135M-Instruct=http://127.0.0.1:8001).")
+    web_url_allow: str | None = _opt(
+        None, "Comma-separated hosts, addresses or networks (10.0.0.0/8) that the web:url "
+              "tool may fetch although they are private, loopback or link-local.")
+    web_search_url: str | None = _opt(
+        None, "Base URL of a SearXNG instance for the web:search tool. Default: none "
+              "(web:search calls fail with a message saying so).")
+    linkup_api_key: str | None = _opt(
+        None, "Linkup API key for the linkup:search tool. Default: LINKUP_API_KEY.")
+    interpreter_python: str = _opt(
+        "/usr/bin/python3", "Python that the code:python-interpreter tool runs in its "
+                            "bubblewrap sandbox (only /usr is visible inside).")
+    interpreter_timeout_s: float = _opt(
+        20.0, "Wall-clock seconds a code:python-interpreter run may take.")
 
 
 def _field_type(f: dataclasses.Field) -> type:

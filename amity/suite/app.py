@@ -30,7 +30,11 @@ from amity.suite.files.s3 import S3Store
 from amity.suite.files.signing import Signer, signing_key
 from amity.suite.replicas.backend import ReplicaFailed, ReplicaSpec
 from amity.suite.replicas.manager import ReplicaManager, open_backend
+from amity.suite.serverless import routes as serverless_routes
+from amity.suite.serverless.catalog import load_catalog
+from amity.suite.serverless.endpoints import StaticEndpoints
 from amity.suite.store.database import data_dir, open_database
+from amity.suite.tools.base import ToolSettings
 
 log = logging.getLogger("amity.suite")
 
@@ -110,8 +114,11 @@ def build_app(config: SuiteConfig, sessions: sessionmaker[Session], objects: Obj
     app.state.sessions = sessions
     app.state.objects = objects
     app.state.max_file_bytes = parse_memory(config.max_file_size, 0)
+    app.state.catalog = load_catalog(config.catalog)
+    app.state.endpoints = StaticEndpoints(config.serverless_model_urls)
+    app.state.tool_settings = ToolSettings.from_config(config)
     install_error_handlers(app)
-    for module in (file_routes, dataset_routes, split_routes):
+    for module in (file_routes, dataset_routes, split_routes, serverless_routes):
         app.include_router(module.router, responses=COMMON_ERRORS)
     app.include_router(transfer.router)
 

@@ -54,3 +54,19 @@ def test_a_missing_bucket_is_a_clear_error(s3_endpoint, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="no-such-bucket"):
         start_in_process(tmp_path / "data", object_store="s3://no-such-bucket",
                          s3_endpoint_url=s3_endpoint)
+
+
+def test_tools_read_uploads_and_save_outputs_through_s3(s3_suite):
+    """file:text reads an uploaded file and the interpreter's outputs are stored, in S3."""
+    from amity.suite.auth import Caller
+    from amity.suite.tools.files import StoreFiles
+    suite, bucket = s3_suite
+    c, a = suite.client, suite.admin
+    files = StoreFiles(suite.sessions, c.app.state.objects, Caller(a.user_id, a.team_id), None)
+    with httpx.Client() as s3:
+        file_id = upload(c, a, DATA, "notes.txt", poster=s3)
+        assert files.read(file_id, len(DATA)) == ("notes.txt", DATA)
+        with pytest.raises(Exception, match="larger"):
+            files.read(file_id, len(DATA) - 1)
+        saved = files.save("plot.csv", b"x,y\n1,2\n")
+        assert saved.name == "plot.csv" and s3.get(saved.url).content == b"x,y\n1,2\n"

@@ -43,6 +43,7 @@ def _operations():
             ("PUT", "/beta/dataset/{dataset_id}/split/{split_id}/sample"),
             ("POST", "/beta/dataset/{dataset_id}/split/{split_id}/sample/delete"),
             ("POST", "/objects/upload"), ("GET", "/objects/{key}"),
+            ("GET", "/serverless/v1/models"), ("POST", "/serverless/tools/v1/chat/completions"),
             *ENDPOINT_OPERATIONS]
 
 

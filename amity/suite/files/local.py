@@ -101,6 +101,18 @@ class LocalStore:
         os.replace(incoming.path, path)
         Path(f"{path}.meta").write_text(json.dumps({"size": stat.size, "sha256": stat.sha256}))
 
+    def put(self, key: str, data: bytes) -> ObjectStat:
+        incoming = Incoming(self.root / "incoming" / secrets.token_hex(16), len(data))
+        incoming.write(data)
+        self.store(key, incoming)
+        return ObjectStat(len(data), hashlib.sha256(data).hexdigest())
+
+    def read(self, key: str, max_bytes: int) -> bytes:
+        path = self._path(key)
+        if path.stat().st_size > max_bytes:
+            raise ValueError(f"the object is larger than {max_bytes} bytes")
+        return path.read_bytes()
+
     def stat(self, key: str) -> ObjectStat | None:
         meta = Path(f"{self._path(key)}.meta")
         if not meta.exists():

