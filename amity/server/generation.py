@@ -72,6 +72,7 @@ class Generation:
         self.counts = Counts()
         self._iters: list[AsyncIterator[RequestOutput]] = []
         self._first: list[RequestOutput] = []
+        self.prepared: list[object] = []  # what validate() made of each prompt
         self.finished = False
 
     async def start(self) -> None:
@@ -81,8 +82,8 @@ class Generation:
             self.tracker.submitted()
         try:
             # Off the event loop and the engine thread: validation compiles the grammar.
-            prepared = [await self.engine.validate(ids, self.params, **self.generate_kwargs)
-                        for ids in self.prompts]
+            self.prepared = prepared = [await self.engine.validate(ids, self.params, **self.generate_kwargs)
+                                        for ids in self.prompts]
             for i, request in enumerate(prepared):
                 rid = self.request_id if len(self.prompts) == 1 else f"{self.request_id}-{i}"
                 self._iters.append(self.engine.generate(rid, request))

@@ -10,6 +10,7 @@ loads (or compiles) exits at once: the loading thread is a daemon, left behind.
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import threading
@@ -107,6 +108,8 @@ def _bound_url(server: uvicorn.Server, host: str) -> str:
 
 async def serve_async(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     from amity.engine.async_engine import AsyncEngine
+    from amity.engine.async_transcription import AsyncTranscriptionEngine
+    from amity.models.packaged_whisper import whisper_model_dir
 
     app = build_app(None, server_config)
     state = app.state.amity
@@ -126,11 +129,16 @@ async def serve_async(engine_config: EngineConfig, server_config: ServerConfig) 
     async def load() -> None:
         nonlocal failed
         try:
+            whisper_dir = whisper_model_dir(engine_config.model)
             if is_diffusers_dir(engine_config.model):
                 state.attach_images(await asyncio.to_thread(
                     load_image_service, engine_config, server_config))
             else:
-                engine = await AsyncEngine.load(engine_config)
+                if whisper_dir is not None:  # speech to text: /v1/audio/transcriptions
+                    engine = await AsyncTranscriptionEngine.load(
+                        dataclasses.replace(engine_config, model=str(whisper_dir)))
+                else:
+                    engine = await AsyncEngine.load(engine_config)
                 await engine.start()
                 state.attach(engine)
         except Exception as err:  # noqa: BLE001 - reported, then the server exits

@@ -83,10 +83,17 @@ class ServerState:
                            headers={"Retry-After": "5"})
         return self.engine
 
-    def resolve_model(self, name: str | None) -> EngineClient:
+    def resolve_model(self, name: str | None, task: str = "generate") -> EngineClient:
         """What serves a request naming `model`: the one place the field is interpreted
-        (LoRA adapters and several models will route here)."""
+        (LoRA adapters and several models will route here). `task`: what the route
+        needs the model to do."""
         engine = self.ready_engine()
+        served_task = getattr(engine, "task", "generate")
+        if served_task != task:
+            raise ApiError(400, f"the model served here is a {served_task!r} model; this route needs a "
+                                f"{task!r} model" + (" (use POST /v1/audio/transcriptions)"
+                                                     if served_task == "transcribe" else ""),
+                           loc=("body", "model"), type="unsupported_task")
         self._check_name(name)
         return engine
 
