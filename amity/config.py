@@ -32,6 +32,14 @@ class EngineConfig:
         choices=("auto", "float32", "bfloat16", "float16"),
     )
     device: str = _opt("auto", "cpu, cuda, or auto (cuda when available).")
+    task: str | None = _opt(
+        None,
+        "What the model serves: generate (completions, chat, messages), embed (/v1/embeddings) "
+        "or classify (/classify). Default: what the checkpoint is (a sentence-transformers or "
+        "bare encoder directory embeds, a *ForSequenceClassification or one with a linear head "
+        "classifies, anything else generates); embed on a causal LM pools its last token.",
+        choices=("generate", "embed", "classify"),
+    )
     quantization: str = _opt(
         "auto",
         "auto: weights as the file gives them (GGUF Q4_0, Q4_1 and Q8_0 through our kernels for "

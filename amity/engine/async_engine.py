@@ -26,7 +26,8 @@ from concurrent.futures import Future
 from amity.config import EngineConfig
 from amity.engine.client import EngineDeadError, EngineError
 from amity.engine.llm_engine import LLMEngine
-from amity.engine.outputs import RequestOutput
+from amity.engine.outputs import PoolingOutput, RequestOutput
+from amity.engine.pooling_params import PoolingParams, ValidatedPooling
 from amity.engine.request import ValidatedRequest
 from amity.engine.sampling_params import SamplingParams
 
@@ -143,6 +144,17 @@ class AsyncEngine:
     def is_encoder_decoder(self) -> bool:
         return self._core.is_encoder_decoder
 
+    @property
+    def task(self) -> str:
+        return self._core.task
+
+    @property
+    def labels(self) -> list[str] | None:
+        return self._core.pooler.labels
+
+    def encode_input(self, text: str) -> list[int]:
+        return self._core.served.encode_input(text)
+
     def stats(self) -> dict:
         return {**self._core.stats(), "num_in_flight": len(self._streams)}
 
@@ -175,7 +187,14 @@ class AsyncEngine:
         return await asyncio.to_thread(self._core.validate, prompt_token_ids, params,
                                        embedding_to_replace, token_index_to_replace)
 
-    def generate(self, request_id: str, prepared: ValidatedRequest) -> AsyncIterator[RequestOutput]:
+    def validate_pooling(self, prompt_token_ids: list[int], params: PoolingParams) -> ValidatedPooling:
+        return self._core.validate_pooling(prompt_token_ids, params)  # cheap checks; any thread
+
+    def pool(self, request_id: str, prepared: ValidatedPooling) -> AsyncIterator[PoolingOutput]:
+        return self.generate(request_id, prepared)  # the same queue; the engine tells them apart
+
+    def generate(self, request_id: str, prepared: ValidatedRequest | ValidatedPooling
+                 ) -> AsyncIterator[RequestOutput]:
         if not self.is_healthy():
             raise EngineDeadError(self._dead or "the engine is not running")
         stream = _Stream(self, request_id)
@@ -220,10 +239,13 @@ class AsyncEngine:
     def _publish(self, request_id: str, item) -> None:
         self._loop.call_soon_threadsafe(self._deliver, request_id, item)
 
-    def _add(self, request_id: str, prepared: ValidatedRequest) -> None:
+    def _add(self, request_id: str, prepared: ValidatedRequest | ValidatedPooling) -> None:
         try:
             self._live.add(request_id)
-            self._core.add_validated(request_id, prepared)
+            if isinstance(prepared, ValidatedPooling):
+                self._core.add_pooling(request_id, prepared)
+            else:
+                self._core.add_validated(request_id, prepared)
         except Exception as error:  # a RequestError validation could not foresee, or a bug
             # Roll back whatever the engine kept of it, so nothing orphaned is scheduled.
             self._abort(request_id)

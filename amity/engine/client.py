@@ -9,7 +9,8 @@ engine) can stand behind the same server by implementing it too.
 A request's life: `validate` checks it and prepares it (compiling its grammar) off
 both the event loop and the engine thread, raising `RequestError` for what the
 client must change; `generate` queues the prepared request at once and returns its
-per-step outputs. Requests queued in the same event-loop turn reach the engine
+per-step outputs. A pooling request (embed, classify) is the same life through
+`validate_pooling` and `pool`: one `PoolingOutput`. Requests queued in the same event-loop turn reach the engine
 together, so their prompts prefill in the same steps. Closing the stream early (or
 `abort`) stops the request and frees its KV blocks.
 """
@@ -17,7 +18,8 @@ together, so their prompts prefill in the same steps. Closing the stream early (
 from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
-from amity.engine.outputs import RequestOutput
+from amity.engine.outputs import PoolingOutput, RequestOutput
+from amity.engine.pooling_params import PoolingParams
 from amity.engine.sampling_params import SamplingParams
 from amity.models.tokenizer import Tokenizer
 
@@ -45,6 +47,15 @@ class EngineClient(Protocol):
     def vocab_size(self) -> int: ...
     @property
     def is_encoder_decoder(self) -> bool: ...
+    @property
+    def task(self) -> str:
+        """What the model serves: "generate", "embed" or "classify" (server/tasks.py)."""
+    @property
+    def labels(self) -> list[str] | None:
+        """A classifier's label of each class id; None otherwise."""
+
+    def encode_input(self, text: str) -> list[int]:
+        """The token ids of one pooling input, as the model's preprocessing makes them."""
 
     async def start(self) -> None:
         """Start serving (called once, from the event loop that will consume outputs)."""
@@ -69,6 +80,14 @@ class EngineClient(Protocol):
         one whose `finished` is set. Raises `EngineDeadError` when the engine is not
         running; the stream raises `EngineError` if the engine fails the request.
         Its `aclose()` before the end aborts the request."""
+
+    def validate_pooling(self, prompt_token_ids: list[int], params: PoolingParams) -> object:
+        """A pooling input, checked (cheaply, on any thread) and prepared for `pool`;
+        `RequestError` names the field to change."""
+
+    def pool(self, request_id: str, prepared: object) -> AsyncIterator[PoolingOutput]:
+        """Queue `prepared` (from `validate_pooling`) now; its stream yields one
+        `PoolingOutput`. Otherwise as `generate`."""
 
     async def abort(self, request_id: str) -> None:
         """Stop a request; its stream ends without a finished output."""

@@ -98,11 +98,11 @@ class KVCacheManager:
 
     def find_cached_blocks(self, request: Request) -> list[int]:
         """The blocks of the request's longest cached prefix. Positions that still
-        owe an output (the last token; forced positions not yet scored) are always
-        left to compute: their logits are needed."""
+        owe an output (the last token; forced positions not yet scored; the hidden
+        states a pooling request reads) are always left to compute."""
         if not self.enable_prefix_caching:
             return []
-        limit = min(request.cacheable_prefix_len, request.first_logit_position)
+        limit = min(request.cacheable_prefix_len, request.first_owed_position)
         blocks = []
         num_blocks = limit // self.block_size
         for h in self._hashes(request, num_blocks)[:num_blocks]:

@@ -4,6 +4,10 @@ A step flows one way: scheduler plans -> model runner executes -> sampler picks
 tokens -> detokenizer and stop checks -> per-request output deltas. Everything
 here runs on one thread; `AsyncEngine` drives it from a background thread for the
 web server.
+
+Pooling requests (embeddings, classification: `add_pooling`) share the steps and the
+token budget with generation; one finishes in the step that computes its last prompt
+token, returns its blocks at once and reports one `PoolingOutput` (pooler.py).
 """
 
 import itertools
@@ -20,7 +24,10 @@ from amity.config import EngineConfig, parse_memory
 from amity.engine.detokenizer import IncrementalDetokenizer
 from amity.engine.errors import RequestError
 from amity.engine.kv_cache_manager import KVCacheManager
-from amity.engine.outputs import CompletionOutput, FinalOutput, RequestOutput, TokenLogprob
+from amity.engine.encoder_runner import EncoderRunner
+from amity.engine.engine_model import EngineModel, load_engine_model
+from amity.engine.outputs import CompletionOutput, FinalOutput, PoolingOutput, RequestOutput, TokenLogprob
+from amity.engine.pooling_params import PoolingParams, ValidatedPooling
 from amity.engine.request import Request, RequestStatus, ValidatedRequest
 from amity.engine.sampler import Sampler, SamplingRow
 from amity.engine.sampling_params import SamplingParams
@@ -30,7 +37,7 @@ from amity.engine.model_runner import ModelRunner
 from amity.models.compilation import compile_model
 from amity.models.cpu_kernels import load_cpu_kernels
 from amity.models.dtype import resolve_device, resolve_dtype
-from amity.models.loader import LoadedModel, load_model
+from amity.models.loader import LoadedModel
 from amity.models.quantization import quantize_model, resolve_scheme
 
 logger = logging.getLogger("amity.engine")
@@ -54,25 +61,58 @@ class LLMEngine:
         if self.device.type == "cpu":
             torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
             load_cpu_kernels()
-        loaded = loaded or load_model(config.model, self.dtype, self.device)
         self.quantization = resolve_scheme(config.quantization, config.dtype)
-        self.model = quantize_model(loaded.model, self.quantization, self.device, loaded.file_weights)
-        if config.compile:
+        if loaded is not None:
+            loaded.model = quantize_model(loaded.model, self.quantization, self.device,
+                                          loaded.file_weights)
+            served = EngineModel.generative(loaded)
+        else:
+            served = load_engine_model(config, self.dtype, self.device)
+        self.served = served
+        self.task = served.task
+        self.pooler = served.pooler
+        self.model = served.network
+        if config.compile and served.can_generate:
             self.model = compile_model(self.model, self.device)
-        self.model_config = loaded.config
-        self.tokenizer = loaded.tokenizer
-        self.model_path = loaded.path
+        self.model_config = served.config
+        self.tokenizer = served.tokenizer
+        self.model_path = served.path
         hf = self.model_config
         self.vocab_size = hf.vocab_size
-        self.hidden_size = hf.hidden_size
+        self.hidden_size = getattr(hf, "hidden_size", None) or hf.dim  # DistilBERT: dim
         self.is_encoder_decoder = bool(getattr(hf, "is_encoder_decoder", False))
         # Sliding-window attention is not implemented: stay inside the window.
-        limits = [hf.max_position_embeddings, getattr(hf, "sliding_window", None) or 1 << 30]
+        limits = [served.max_input_len] if served.max_input_len else [
+            hf.max_position_embeddings, getattr(hf, "sliding_window", None) or 1 << 30]
         if config.max_model_len:
             limits.append(config.max_model_len)
         self.max_model_len = min(limits)
-
         self.block_size = config.block_size
+        self.sampler = Sampler()
+        self.groups: dict[str, list[Request]] = {}
+        self.detokenizers: dict[str, IncrementalDetokenizer] = {}
+        # A pooling request's gathered hidden rows, kept until its prompt is computed.
+        self.pooled_parts: dict[Request, list[torch.Tensor]] = {}
+        self.num_steps = 0
+        self.last_step_scheduled = False  # see step()
+        self._generate_ids = itertools.count()
+        self._structured: structured_output.StructuredOutputCompiler | None = None
+        self._structured_lock = threading.Lock()
+        if served.is_encoder:  # no KV cache: whole sequences, one step each
+            self.num_blocks = 0
+            self.kv_caches = []
+            self.kv = KVCacheManager(0, self.block_size, enable_prefix_caching=False)
+            self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
+                                       whole_sequences=True)
+            self.runner = EncoderRunner(self.model, self.device)
+            logger.info("engine: %s (%s encoder) on %s (%s), context %d", self.model_path.name, self.task,
+                        self.device, self.dtype, self.max_model_len)
+            return
+        self._init_kv_cache(config, hf)
+        if config.compile and served.can_generate:
+            self._compile_graphs()
+
+    def _init_kv_cache(self, config: EngineConfig, hf) -> None:
         num_layers = hf.num_hidden_layers
         num_kv_heads = hf.num_key_value_heads
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
@@ -93,19 +133,9 @@ class LLMEngine:
         self.kv = KVCacheManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.kv_caches, self.block_size, self.device, self.dtype)
-        self.sampler = Sampler()
-        self.groups: dict[str, list[Request]] = {}
-        self.detokenizers: dict[str, IncrementalDetokenizer] = {}
-        self.num_steps = 0
-        self.last_step_scheduled = False  # see step()
-        self._generate_ids = itertools.count()
-        self._structured: structured_output.StructuredOutputCompiler | None = None
-        self._structured_lock = threading.Lock()
-        logger.info("engine: %s on %s (%s), %d KV blocks of %d tokens, context %d",
-                    self.model_path.name, self.device, self.dtype, self.num_blocks,
+        logger.info("engine: %s (%s) on %s (%s), %d KV blocks of %d tokens, context %d",
+                    self.model_path.name, self.task, self.device, self.dtype, self.num_blocks,
                     self.block_size, self.max_model_len)
-        if config.compile:
-            self._compile_graphs()
 
     def _compile_graphs(self) -> None:
         """Runs a step of two or more tokens and one of a single token, so both
@@ -144,6 +174,8 @@ class LLMEngine:
         (a 422 naming its field) for one the engine cannot serve as asked. Returns
         what `add_validated` needs, its grammar compiled. Reads only what is fixed
         at start-up, so it is safe on any thread."""
+        if not self.served.can_generate:
+            raise RequestError(f"this model cannot generate text: it is a {self.task} model", "model")
         num_prompt = len(prompt_token_ids)
         if num_prompt == 0:
             raise RequestError("the prompt is empty; give at least one token", "prompt")
@@ -293,18 +325,50 @@ class LLMEngine:
             self.detokenizers[request.request_id] = detokenizer
             self.scheduler.add(request)
 
+    def validate_pooling(self, prompt_token_ids: list[int], params: PoolingParams) -> ValidatedPooling:
+        """Check a pooling input once, on any thread: RequestError (a 422 naming its
+        field) for one this engine cannot pool. An input longer than the model's
+        limit is refused, never truncated."""
+        if params.task != self.pooler.task:
+            raise RequestError(f"this model cannot {params.task}: it is a {self.task} model", "model")
+        num_prompt = len(prompt_token_ids)
+        if num_prompt == 0:
+            raise RequestError("the input has no tokens (this model's tokenizer adds none to an empty "
+                               "text); give at least one token", "input")
+        bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})",
+                               "tokens")
+        if num_prompt > self.max_model_len:
+            raise RequestError(f"the input has {num_prompt} tokens but this model reads at most "
+                               f"{self.max_model_len}; shorten it", "input")
+        if not self.served.is_encoder and -(-num_prompt // self.block_size) > self.num_blocks:
+            raise RequestError(f"the input has {num_prompt} tokens but the server's KV cache holds "
+                               f"{self.num_blocks * self.block_size}; shorten it", "input")
+        return ValidatedPooling(list(prompt_token_ids), params)
+
+    def add_pooling(self, request_id: str, validated: ValidatedPooling) -> None:
+        """Queue a pooling input `validate_pooling` accepted."""
+        if request_id in self.groups:
+            raise RequestError(f"request id {request_id!r} is already in flight", "request_id")
+        ids = validated.prompt_token_ids
+        request = Request.pooling(request_id, ids, validated.params, self.pooler.pooled_positions(len(ids)))
+        self.groups[request_id] = [request]
+        self.scheduler.add(request)
+
     def abort_request(self, request_id: str) -> None:
         for request in self.groups.pop(request_id, []):
             if not request.is_finished:
                 self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
             self.detokenizers.pop(request.request_id, None)
+            self.pooled_parts.pop(request, None)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.groups)
 
     # -- the step -----------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput | PoolingOutput]:
         """Run one step; the outputs of the choices that moved. An empty list does
         not mean nothing ran (a prefill chunk emits nothing): `last_step_scheduled`
         says. False with requests unfinished means none can run until a request is
@@ -317,6 +381,9 @@ class LLMEngine:
         result = self.runner.execute(plan)
         self.scheduler.update_after_step(plan)
         self.num_steps += 1
+        for request in plan.preempted:  # recomputed from the start: its rows come again
+            self.pooled_parts.pop(request, None)
+        pooled = self._finish_pooling(plan, result)
 
         new_tokens: dict[str, list[int]] = {}
         new_logprobs: dict[str, list[TokenLogprob]] = {}
@@ -346,7 +413,31 @@ class LLMEngine:
                 finish_reason=request.status.value if request.is_finished else None,
                 seed=request.seed, num_output_tokens=request.num_output_tokens,
                 stop_reason=request.stop_reason))
-        return [self._group_output(group_id, outs) for group_id, outs in touched_groups.items()]
+        return pooled + [self._group_output(group_id, outs) for group_id, outs in touched_groups.items()]
+
+    def _finish_pooling(self, plan, result) -> list[PoolingOutput]:
+        """Keep the step's pooled rows; pool the requests whose prompt is now computed,
+        all in one call, and end them (their blocks return at once)."""
+        offset = 0
+        for request, count in result.pooled_rows:
+            self.pooled_parts.setdefault(request, []).append(result.pooled_hidden[offset:offset + count])
+            offset += count
+        done = [s.request for s in plan.scheduled if s.request.is_pooling and s.request.is_prefill_done]
+        if not done:
+            return []
+        parts = [self.pooled_parts.pop(request) for request in done]
+        rows = torch.cat([p for request_parts in parts for p in request_parts])
+        lens = [sum(len(p) for p in request_parts) for request_parts in parts]
+        seq_starts = torch.tensor([0, *itertools.accumulate(lens)], device=rows.device)
+        with torch.inference_mode():
+            values = self.pooler(rows, seq_starts).cpu()
+        outputs = []
+        for request, value in zip(done, values):
+            self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED)
+            del self.groups[request.group_id]
+            outputs.append(PoolingOutput(request.group_id, value, request.num_prompt_tokens,
+                                         request.num_cached_tokens or 0))
+        return outputs
 
     def _sample(self, result, indices: list[int]) -> list[tuple[Request, int, TokenLogprob | None]]:
         """Sample the next token of each request whose logits row is in `indices`."""
@@ -440,6 +531,19 @@ class LLMEngine:
                 if out.request_id in finals:
                     finals[out.request_id].add(out)
         return list(finals.values())
+
+    def pool(self, prompts: Iterable[list[int] | str], params: PoolingParams) -> list[PoolingOutput]:
+        """Embed or classify prompts to completion, in order (for tests and benchmarks)."""
+        ids = [self.served.encode_input(p) if isinstance(p, str) else p for p in prompts]
+        request_ids = [f"pool-{next(self._generate_ids)}" for _ in ids]
+        for request_id, prompt in zip(request_ids, ids):
+            self.add_pooling(request_id, self.validate_pooling(prompt, params))
+        outputs: dict[str, PoolingOutput] = {}
+        while self.has_unfinished_requests():
+            for out in self.step():
+                if isinstance(out, PoolingOutput):
+                    outputs[out.request_id] = out
+        return [outputs[request_id] for request_id in request_ids]
 
     def stats(self) -> dict:
         pool = self.kv.pool

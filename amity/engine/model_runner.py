@@ -1,11 +1,13 @@
-"""Executes a scheduled step: builds its tensors, runs the model, returns logits.
+"""Executes a scheduled step: builds its tensors, runs the model, returns logits
+and the hidden rows that pooling requests read.
 
 `prepare` is the one place where a step's tensors are made from plain Python
-state (token ids, positions, KV slots, block tables, which positions need logits).
-The LM head runs only on the positions whose logits the engine needs.
+state (token ids, positions, KV slots, block tables, which positions need logits,
+which rows are pooled). The LM head runs only on the positions whose logits the
+engine needs; the pooled rows are gathered in one indexing op.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,12 +25,16 @@ class StepInputs:
     logit_rows: list[tuple[Request, int]]  # (request, position) of each logits row
     replaced_indices: torch.Tensor | None  # flat indices whose embedding is replaced
     replaced_vectors: torch.Tensor | None
+    pooled_indices: torch.Tensor  # [P] rows of the flat batch that pooling requests read
+    pooled_rows: list[tuple[Request, int]]  # (pooling request, how many of those rows), in order
 
 
 @dataclass
 class StepResult:
-    logits: torch.Tensor  # [N, vocab] float32
+    logits: torch.Tensor | None  # [N, vocab] float32; None when no row needs logits
     logit_rows: list[tuple[Request, int]]
+    pooled_hidden: torch.Tensor | None = None  # [P, hidden]: the pooled rows, in pooled_rows' order
+    pooled_rows: list[tuple[Request, int]] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -51,6 +57,8 @@ class ModelRunner:
         logit_rows: list[tuple[Request, int]] = []
         replaced_idx: list[int] = []
         replaced_vec: list[torch.Tensor] = []
+        pooled_indices: list[int] = []
+        pooled_rows: list[tuple[Request, int]] = []
         for i, s in enumerate(step.scheduled):
             req, start, n = s.request, s.start_position, s.num_new_tokens
             flat_start = len(input_ids)
@@ -60,6 +68,13 @@ class ModelRunner:
             query_start.append(flat_start + n)
             context_lens.append(start + n)
             block_tables.append(req.block_table)
+            if req.is_pooling:
+                first = max(start, req.pooled_positions.start)
+                end = min(start + n, req.pooled_positions.stop)
+                if first < end:
+                    pooled_indices.extend(range(flat_start + first - start, flat_start + end - start))
+                    pooled_rows.append((req, end - first))
+                continue
             for p in range(max(start, req.first_logit_position), start + n):
                 logits_indices.append(flat_start + p - start)
                 logit_rows.append((req, p))
@@ -88,6 +103,8 @@ class ModelRunner:
             logit_rows=logit_rows,
             replaced_indices=torch.tensor(replaced_idx, dtype=torch.long, device=dev) if replaced_idx else None,
             replaced_vectors=torch.stack(replaced_vec).to(dev, self.dtype) if replaced_vec else None,
+            pooled_indices=torch.tensor(pooled_indices, dtype=torch.long, device=dev),
+            pooled_rows=pooled_rows,
         )
 
     @torch.inference_mode()
@@ -97,5 +114,8 @@ class ModelRunner:
         if inputs.replaced_indices is not None:
             embeds = embeds.index_copy(0, inputs.replaced_indices, inputs.replaced_vectors)
         hidden = self.model(embeds, inputs.positions, self.kv_caches, inputs.attn)
-        logits = self.model.compute_logits(hidden[inputs.logits_indices]).float()
-        return StepResult(logits, inputs.logit_rows)
+        logits = None
+        if inputs.logit_rows:
+            logits = self.model.compute_logits(hidden[inputs.logits_indices]).float()
+        pooled = hidden[inputs.pooled_indices] if inputs.pooled_rows else None
+        return StepResult(logits, inputs.logit_rows, pooled, inputs.pooled_rows)

@@ -7,6 +7,8 @@ accumulates them for a non-streaming response.
 
 from dataclasses import dataclass, field
 
+import torch
+
 
 @dataclass
 class TokenLogprob:
@@ -40,6 +42,17 @@ class RequestOutput:
     # Seconds between the engine receiving the request and first scheduling any of
     # its choices; None while all of them wait.
     queued_seconds: float | None = None
+
+
+@dataclass
+class PoolingOutput:
+    """A pooling request's one and only output, when its prompt is computed."""
+
+    request_id: str
+    data: torch.Tensor  # float32 [dim]: the embedding, or the probabilities in label-id order
+    num_prompt_tokens: int
+    num_cached_tokens: int  # prompt tokens served from the prefix cache
+    finished: bool = True  # as RequestOutput's: the stream ends here
 
 
 @dataclass

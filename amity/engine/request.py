@@ -1,4 +1,6 @@
-"""A request's state inside the engine: one sequence being generated.
+"""A request's state inside the engine: one sequence being generated, or a pooling
+request (`Request.pooling`: a prompt whose hidden states become a vector or class
+probabilities, see pooler.py).
 
 A Friendli request with `n` choices becomes `n` engine requests (one per choice)
 that share a `group_id`. The scheduling rule lives on `num_computed_tokens`: it
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from amity.engine.pooling_params import PoolingParams
 from amity.engine.sampling_params import SamplingParams
 
 
@@ -52,7 +55,7 @@ class Request:
     group_id: str
     choice_index: int
     prompt_token_ids: list[int]
-    params: SamplingParams
+    params: SamplingParams | PoolingParams  # PoolingParams: a pooling request (`pooling`)
     seed: int
     eos_token_ids: frozenset[int]
     max_output_tokens: int
@@ -87,12 +90,27 @@ class Request:
     grammar: object | None = None
     grammar_failed: bool = False
     stop_reason: str | tuple[int, ...] | None = None  # see outputs.CompletionOutput
+    # A pooling request: the prompt positions whose hidden states its output reads
+    # (the engine's Pooler says which); None for a generation request.
+    pooled_positions: range | None = None
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.prompt_token_ids)
         self.all_token_ids = self.prompt_token_ids + self.forced_token_ids[:-1]
-        if not self.params.is_greedy:
+        if not self.is_pooling and not self.params.is_greedy:
             self.generator = torch.Generator().manual_seed(self.seed)
+
+    @classmethod
+    def pooling(cls, request_id: str, prompt_token_ids: list[int], params: PoolingParams,
+                pooled_positions: range) -> "Request":
+        """A request that is only a prompt: it samples nothing and emits no token."""
+        return cls(request_id=request_id, group_id=request_id, choice_index=0,
+                   prompt_token_ids=prompt_token_ids, params=params, seed=0, eos_token_ids=frozenset(),
+                   max_output_tokens=0, min_output_tokens=0, pooled_positions=pooled_positions)
+
+    @property
+    def is_pooling(self) -> bool:
+        return self.pooled_positions is not None
 
     def append_output(self, token_id: int) -> None:
         """Count one more output token (forced ones are already in `all_token_ids`)."""
@@ -119,6 +137,15 @@ class Request:
         emitted theirs: recomputing them after a preemption emits nothing again,
         and they alone may come from the prefix cache."""
         return self.num_prompt_tokens - 1 + self.num_output_tokens
+
+    @property
+    def first_owed_position(self) -> int:
+        """The first position whose output is still owed (its logits, or for a pooling
+        request its hidden state): it and what follows are computed, never read
+        from the prefix cache."""
+        if self.pooled_positions is not None:
+            return self.pooled_positions.start
+        return self.first_logit_position
 
     @property
     def cacheable_prefix_len(self) -> int:

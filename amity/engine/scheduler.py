@@ -11,6 +11,12 @@ blocks run out, the most recently admitted running request is preempted (the las
 of `running`: admission and readmission append there): its blocks are freed and it waits again at the front of the queue, to be recomputed (often
 from the prefix cache) when blocks return.
 
+An encoder (bidirectional attention, no KV cache: `whole_sequences`) can only compute
+a sequence whole, in one step: each request is scheduled with all of its tokens and
+takes no blocks, admitted while the budget holds it (one longer than the whole
+budget runs alone), and is done after that one step. Pooling requests on a decoder
+are ordinary requests here: they end when their prompt is computed.
+
 The scheduler plans; the model runner executes; `update_after_step` advances the
 counters. Nothing here touches a tensor, so it is tested without a model.
 """
@@ -44,10 +50,12 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 whole_sequences: bool = False):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.whole_sequences = whole_sequences
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -58,6 +66,8 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
+        if self.whole_sequences:
+            return self._schedule_whole()
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         # Decodes first: a stable sort keeps arrival order within each kind.
@@ -102,6 +112,23 @@ class Scheduler:
             out.scheduled.append(ScheduledRequest(request, num_new))
             budget -= num_new
         self.waiting.extendleft(reversed(skipped))
+        return out
+
+    def _schedule_whole(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            num_new = request.num_tokens
+            if num_new > budget and out.scheduled:
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            request.num_cached_tokens = 0
+            request.first_scheduled_time = time.monotonic()
+            self.running.append(request)
+            out.scheduled.append(ScheduledRequest(request, num_new))
+            budget -= num_new
         return out
 
     def _preempt(self, request: Request, out: SchedulerOutput) -> int:

@@ -7,15 +7,16 @@ failed to load, and once the engine loop has died or shut down.
 
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from amity.config import ServerConfig
 from amity.engine.client import EngineClient
 from amity.server import schemas as s
 from amity.server.errors import install_error_handlers
-from amity.server.routes import chat, completions, images, messages, tokens, transcriptions
+from amity.server.routes import chat, completions, images, messages, pooling, tokens, transcriptions
 from amity.server.state import ServerState
+from amity.server.tasks import require_task
 
 
 def build_app(engine: EngineClient | None, server_config: ServerConfig, *,
@@ -38,10 +39,12 @@ def build_app(engine: EngineClient | None, server_config: ServerConfig, *,
         if started:
             await state.engine.shutdown()
 
-    app = FastAPI(title="amity: Friendli Container API", version="0.1.0", lifespan=lifespan)
+    # require_task: each route answers only for a model of its task (tasks.py).
+    app = FastAPI(title="amity: Friendli Container API", version="0.1.0", lifespan=lifespan,
+                  dependencies=[Depends(require_task)])
     app.state.amity = state
     install_error_handlers(app)
-    for module in (completions, chat, messages, tokens, images, transcriptions):
+    for module in (completions, chat, messages, tokens, pooling, images, transcriptions):
         app.include_router(module.router)
 
     @app.get("/health")

@@ -83,17 +83,11 @@ class ServerState:
                            headers={"Retry-After": "5"})
         return self.engine
 
-    def resolve_model(self, name: str | None, task: str = "generate") -> EngineClient:
+    def resolve_model(self, name: str | None) -> EngineClient:
         """What serves a request naming `model`: the one place the field is interpreted
-        (LoRA adapters and several models will route here). `task`: what the route
-        needs the model to do."""
+        (LoRA adapters and several models will route here). Whether the model's task
+        fits the route is checked before, by tasks.require_task."""
         engine = self.ready_engine()
-        served_task = getattr(engine, "task", "generate")
-        if served_task != task:
-            raise ApiError(400, f"the model served here is a {served_task!r} model; this route needs a "
-                                f"{task!r} model" + (" (use POST /v1/audio/transcriptions)"
-                                                     if served_task == "transcribe" else ""),
-                           loc=("body", "model"), type="unsupported_task")
         self._check_name(name)
         return engine
 

@@ -32,6 +32,7 @@ class FakeCore:
         self.max_model_len = max_model_len
         self.vocab_size = tokenizer.vocab_size
         self.is_encoder_decoder = False
+        self.task = "generate"  # the routes it serves (server/tasks.py)
         self.token_id = tokenizer.encode("fox", add_special_tokens=False)[0]
         # Knobs.
         self.add_error: Exception | None = None

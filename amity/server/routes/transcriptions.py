@@ -151,7 +151,7 @@ async def transcriptions(request: Request):
         await form.close()
     if stream is None:
         stream = _prefers_event_stream(request.headers.get("accept", ""))
-    engine = state.resolve_model(model or None, task="transcribe")
+    engine = state.resolve_model(model or None)
     gen = await start_generation(request, state, engine, "trsc", [audio], params)
     if stream:
         return SSEResponse(_stream(gen), gen.aclose)
