@@ -70,6 +70,15 @@ class EngineConfig:
     max_model_len: int | None = _opt(None, "Context length. Default: the model's own.")
     enable_prefix_caching: bool = _opt(True, "Reuse the KV blocks of cached prompt prefixes.")
     num_threads: int | None = _opt(None, "CPU threads for torch. Default: all cores.")
+    lora_modules: tuple[str, ...] = _opt(
+        (),
+        "LoRA adapters to serve, as ROUTE=PATH (a PEFT adapter directory); a request whose "
+        "`model` is ROUTE computes with that adapter. Implies --enable-lora.",
+    )
+    enable_lora: bool = _opt(
+        False, "Serve LoRA adapters (also loaded at run time: POST /v1/load_lora_adapter).")
+    max_loras: int = _opt(4, "LoRA adapters loaded at once (each holds a slot; any mix runs in one batch).")
+    max_lora_rank: int = _opt(16, "Largest LoRA rank served; every slot is this wide.")
 
 
 @dataclass
@@ -202,8 +211,13 @@ class SuiteConfig:
         20.0, "Wall-clock seconds a code:python-interpreter run may take.")
 
 
+def _declared_type(f: dataclasses.Field):
+    return f.type if not isinstance(f.type, str) else eval(f.type, vars(typing), vars(types))  # noqa: S307
+
+
 def _field_type(f: dataclasses.Field) -> type:
-    tp = f.type if not isinstance(f.type, str) else eval(f.type, vars(typing), vars(types))  # noqa: S307
+    """The scalar type of a field: X of `X | None` and of `tuple[X, ...]`."""
+    tp = _declared_type(f)
     args = [a for a in typing.get_args(tp) if a is not type(None)]
     return args[0] if args else tp
 
@@ -218,6 +232,8 @@ def add_arguments(parser: argparse.ArgumentParser, config_cls: type) -> None:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs["type"] = tp
+            if typing.get_origin(_declared_type(f)) is tuple:  # a flag taking several values
+                kwargs["nargs"] = "*"
             if f.metadata.get("choices"):
                 kwargs["choices"] = f.metadata["choices"]
         parser.add_argument(*names, **kwargs)

@@ -207,6 +207,26 @@ class AsyncEngine:
         if stream is not None:
             await stream.aclose()
 
+    # LoRA adapters (AdapterClient): files read on a worker thread, slots written
+    # by the engine thread between steps.
+    def lora_adapters(self) -> dict[str, str]:
+        return {route: str(a.path) for route, a in self._core.lora_adapters().items()}
+
+    async def load_lora_adapter(self, route: str, path: str) -> None:
+        adapter = await asyncio.to_thread(self._core.read_lora_adapter, path)
+        await self._between_steps(self._core.install_lora_adapter, route, adapter)
+
+    async def unload_lora_adapter(self, route: str) -> None:
+        await self._between_steps(self._core.unload_lora_adapter, route)
+
+    async def _between_steps(self, fn, *args):
+        """`fn(*args)` on the engine thread, between two steps."""
+        if not self.is_healthy():
+            raise EngineDeadError(self._dead or "the engine is not running")
+        future: Future = Future()
+        self._send(("call", future, fn, args))
+        return await asyncio.wrap_future(future)
+
     # -- the event loop's side ----------------------------------------------
 
     def _send(self, command: tuple) -> None:
@@ -255,6 +275,13 @@ class AsyncEngine:
         self._live.discard(request_id)
         self._core.abort_request(request_id)
 
+    @staticmethod
+    def _call(future: Future, fn, args: tuple) -> None:
+        try:
+            future.set_result(fn(*args))
+        except Exception as error:  # the caller's to report
+            future.set_exception(error)
+
     def _abort_live(self) -> None:
         for request_id in list(self._live):
             self._abort(request_id)
@@ -268,6 +295,8 @@ class AsyncEngine:
             for command in batch:
                 if command[0] == "add":
                     self._add(command[1], command[2])
+                elif command[0] == "call":
+                    self._call(*command[1:])
                 else:
                     self._abort(command[1])
 

@@ -91,3 +91,18 @@ class EngineClient(Protocol):
 
     async def abort(self, request_id: str) -> None:
         """Stop a request; its stream ends without a finished output."""
+
+
+@runtime_checkable
+class AdapterClient(Protocol):
+    """An engine that serves LoRA adapters over its base model: a request computes
+    with one when its `SamplingParams.adapter` names its route. Load and unload
+    raise `AdapterError` (models/peft_adapter.py; `AdapterNotFound` and `AdapterInUse`
+    in engine/lora_manager.py say which) for what the client must change."""
+
+    def lora_adapters(self) -> dict[str, str]:
+        """Route -> the path it was loaded from, of every adapter served now."""
+
+    async def load_lora_adapter(self, route: str, path: str) -> None: ...
+
+    async def unload_lora_adapter(self, route: str) -> None: ...

@@ -12,6 +12,7 @@ pooling head, or an encoder.
 The task is `EngineConfig.task`, by default what the checkpoint says (task.py).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,7 +57,9 @@ class EngineModel:
                    is_encoder=False)
 
 
-def load_engine_model(config: EngineConfig, dtype: torch.dtype, device: torch.device) -> EngineModel:
+def load_engine_model(config: EngineConfig, dtype: torch.dtype, device: torch.device,
+                      before_quantize: Callable[[nn.Module], None] | None = None) -> EngineModel:
+    """`before_quantize` sees a causal LM's modules as loaded (LoRA wraps them there)."""
     path = Path(config.model) if config.model else default_model_path()
     if not path.exists():
         raise FileNotFoundError(f"model path {path} does not exist")
@@ -69,8 +72,12 @@ def load_engine_model(config: EngineConfig, dtype: torch.dtype, device: torch.de
         if task == "classify":
             raise ValueError(f"{path} has no classification head; serve it with --task generate or embed")
         loaded = load_model(path, dtype, device)
+        if before_quantize is not None:
+            before_quantize(loaded.model)
         loaded.model = quantize_model(loaded.model, scheme, device, loaded.file_weights)
         return EngineModel.generative(loaded, task)
+    if before_quantize is not None:
+        raise ValueError(f"{path} is a pooling checkpoint; LoRA adapters serve causal LMs here")
     loaded = load_pooling_model(path, dtype, device, task)
     model = quantize_model(loaded.model, scheme, device)
     network = model.network

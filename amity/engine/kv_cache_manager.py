@@ -93,7 +93,8 @@ class KVCacheManager:
         while len(hashes) < num_blocks:
             i = len(hashes)
             chunk = tokens[i * self.block_size:(i + 1) * self.block_size]
-            hashes.append(block_hash(hashes[-1] if hashes else None, chunk))
+            # The first block's parent is the adapter's key: adapters never share blocks.
+            hashes.append(block_hash(hashes[-1] if hashes else request.adapter_cache_key, chunk))
         return hashes
 
     def find_cached_blocks(self, request: Request) -> list[int]:

@@ -26,6 +26,7 @@ from amity.engine.errors import RequestError
 from amity.engine.kv_cache_manager import KVCacheManager
 from amity.engine.encoder_runner import EncoderRunner
 from amity.engine.engine_model import EngineModel, load_engine_model
+from amity.engine.lora_manager import LoadedAdapter, LoraManager
 from amity.engine.outputs import CompletionOutput, FinalOutput, PoolingOutput, RequestOutput, TokenLogprob
 from amity.engine.pooling_params import PoolingParams, ValidatedPooling
 from amity.engine.request import Request, RequestStatus, ValidatedRequest
@@ -38,6 +39,8 @@ from amity.models.compilation import compile_model
 from amity.models.cpu_kernels import load_cpu_kernels
 from amity.models.dtype import resolve_device, resolve_dtype
 from amity.models.loader import LoadedModel
+from amity.models.lora import apply_lora
+from amity.models.peft_adapter import AdapterError, LoraAdapter
 from amity.models.quantization import quantize_model, resolve_scheme
 
 logger = logging.getLogger("amity.engine")
@@ -62,12 +65,21 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
             load_cpu_kernels()
         self.quantization = resolve_scheme(config.quantization, config.dtype)
+        # LoRA wraps the loaded nn.Linears; quantization then replaces the base inside.
+        self.lora: LoraManager | None = None
+        wrap_lora = None
+        if config.enable_lora or config.lora_modules:
+            def wrap_lora(model: torch.nn.Module) -> None:
+                self.lora = LoraManager(apply_lora(model, config.max_loras, config.max_lora_rank,
+                                                   config.max_num_batched_tokens, self.device))
         if loaded is not None:
+            if wrap_lora:
+                wrap_lora(loaded.model)
             loaded.model = quantize_model(loaded.model, self.quantization, self.device,
                                           loaded.file_weights)
             served = EngineModel.generative(loaded)
         else:
-            served = load_engine_model(config, self.dtype, self.device)
+            served = load_engine_model(config, self.dtype, self.device, wrap_lora)
         self.served = served
         self.task = served.task
         self.pooler = served.pooler
@@ -109,6 +121,11 @@ class LLMEngine:
                         self.device, self.dtype, self.max_model_len)
             return
         self._init_kv_cache(config, hf)
+        for module in config.lora_modules:
+            route, sep, path = module.partition("=")
+            if not sep:
+                raise ValueError(f"--lora-modules takes ROUTE=PATH; got {module!r}")
+            self.load_lora_adapter(route, path)
         if config.compile and served.can_generate:
             self._compile_graphs()
 
@@ -132,7 +149,8 @@ class LLMEngine:
                           for _ in range(num_layers)]
         self.kv = KVCacheManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.kv_caches, self.block_size, self.device, self.dtype)
+        self.runner = ModelRunner(self.model, self.kv_caches, self.block_size, self.device, self.dtype,
+                                  self.lora.slots if self.lora else None)
         logger.info("engine: %s (%s) on %s (%s), %d KV blocks of %d tokens, context %d",
                     self.model_path.name, self.task, self.device, self.dtype, self.num_blocks,
                     self.block_size, self.max_model_len)
@@ -146,6 +164,46 @@ class LLMEngine:
         greedy = SamplingParams(temperature=0, max_tokens=2, min_tokens=2)
         self.generate([[0, 1, 2]], greedy)
         logger.info("compiled in %.1f s", time.perf_counter() - started)
+
+    # -- LoRA adapters ------------------------------------------------------
+
+    def _lora_or_refuse(self) -> LoraManager:
+        if self.lora is None:
+            raise AdapterError("this engine serves no LoRA adapters; start it with --enable-lora "
+                               "or --lora-modules")
+        return self.lora
+
+    def read_lora_adapter(self, path: str) -> LoraAdapter:
+        """An adapter's files, read and checked against the model (AdapterError if
+        they do not fit): any thread."""
+        return self._lora_or_refuse().read(path)
+
+    def install_lora_adapter(self, route: str, adapter: LoraAdapter) -> LoadedAdapter:
+        """Serve a `read_lora_adapter` result as `route`: on the engine thread, between steps."""
+        return self._lora_or_refuse().install(route, adapter)
+
+    def load_lora_adapter(self, route: str, path: str) -> LoadedAdapter:
+        return self.install_lora_adapter(route, self.read_lora_adapter(path))
+
+    def unload_lora_adapter(self, route: str) -> None:
+        """Stop serving `route`; refused (AdapterInUse) while requests use it."""
+        lora = self._lora_or_refuse()
+        key = lora.get(route).cache_key
+        in_flight = sum(1 for group in self.groups.values() for r in group
+                        if r.adapter_cache_key == key and not r.is_finished)
+        lora.remove(route, in_flight)
+
+    def lora_adapters(self) -> dict[str, LoadedAdapter]:
+        return self.lora.adapters if self.lora else {}
+
+    def _adapter_of(self, params: SamplingParams) -> LoadedAdapter | None:
+        if params.adapter is None:
+            return None
+        adapter = self.lora_adapters().get(params.adapter)
+        if adapter is None:
+            raise RequestError(f"no LoRA adapter {params.adapter!r} is loaded; loaded: "
+                               f"{sorted(self.lora_adapters())}", "model")
+        return adapter
 
     # -- requests ---------------------------------------------------------
 
@@ -198,6 +256,7 @@ class LLMEngine:
                 raise RequestError(f"`{name}` has token ids outside the vocabulary [0, {self.vocab_size})",
                                    name)
         self._check_seeds(params)
+        self._adapter_of(params)
         limit = self.max_model_len
         if num_prompt >= limit:
             raise RequestError(f"the prompt has {num_prompt} tokens but the context length is {limit}; "
@@ -300,6 +359,7 @@ class LLMEngine:
         if request_id in self.groups:
             raise RequestError(f"request id {request_id!r} is already in flight", "request_id")
         v, params = validated, validated.params
+        adapter = self._adapter_of(params)  # unloaded since validation: refused here
         group: list[Request] = []
         detokenizers: list[IncrementalDetokenizer] = []
         for i in range(params.n):
@@ -312,6 +372,8 @@ class LLMEngine:
                 min_output_tokens=v.min_output_tokens, replaced_embeddings=v.replaced_embeddings,
                 forced_token_ids=list(params.forced_output_tokens or []),
                 prefix_source=group[0] if group and self.config.enable_prefix_caching else None)
+            if adapter is not None:
+                request.adapter_slot, request.adapter_cache_key = adapter.slot, adapter.cache_key
             if v.grammar is not None:
                 request.grammar = self.structured_outputs.matcher(v.grammar, v.eos_token_ids)
             group.append(request)

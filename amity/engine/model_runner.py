@@ -4,7 +4,8 @@ and the hidden rows that pooling requests read.
 `prepare` is the one place where a step's tensors are made from plain Python
 state (token ids, positions, KV slots, block tables, which positions need logits,
 which rows are pooled). The LM head runs only on the positions whose logits the
-engine needs; the pooled rows are gathered in one indexing op.
+engine needs; the pooled rows are gathered in one indexing op. With LoRA, each
+token also carries its request's adapter slot (models/lora.py).
 """
 
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ import torch
 from amity.engine.request import Request
 from amity.engine.scheduler import SchedulerOutput
 from amity.models.attention import AttentionMetadata
+from amity.models.lora import LoraSlots
 
 
 @dataclass
@@ -27,6 +29,7 @@ class StepInputs:
     replaced_vectors: torch.Tensor | None
     pooled_indices: torch.Tensor  # [P] rows of the flat batch that pooling requests read
     pooled_rows: list[tuple[Request, int]]  # (pooling request, how many of those rows), in order
+    adapter_slots: torch.Tensor | None  # [T] each token's LoRA slot (-1: base); None without LoRA
 
 
 @dataclass
@@ -39,8 +42,9 @@ class StepResult:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                 block_size: int, device: torch.device, dtype: torch.dtype):
+                 block_size: int, device: torch.device, dtype: torch.dtype, lora: LoraSlots | None = None):
         self.model = model
+        self.lora = lora
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
@@ -59,12 +63,14 @@ class ModelRunner:
         replaced_vec: list[torch.Tensor] = []
         pooled_indices: list[int] = []
         pooled_rows: list[tuple[Request, int]] = []
+        adapter_slots: list[int] = []
         for i, s in enumerate(step.scheduled):
             req, start, n = s.request, s.start_position, s.num_new_tokens
             flat_start = len(input_ids)
             input_ids.extend(req.all_token_ids[start:start + n])
             positions.extend(range(start, start + n))
             seq_of_token.extend([i] * n)
+            adapter_slots.extend([req.adapter_slot] * n)
             query_start.append(flat_start + n)
             context_lens.append(start + n)
             block_tables.append(req.block_table)
@@ -105,6 +111,7 @@ class ModelRunner:
             replaced_vectors=torch.stack(replaced_vec).to(dev, self.dtype) if replaced_vec else None,
             pooled_indices=torch.tensor(pooled_indices, dtype=torch.long, device=dev),
             pooled_rows=pooled_rows,
+            adapter_slots=torch.tensor(adapter_slots, dtype=torch.long, device=dev) if self.lora else None,
         )
 
     @torch.inference_mode()
@@ -113,6 +120,8 @@ class ModelRunner:
         embeds = self.model.embed(inputs.input_ids)
         if inputs.replaced_indices is not None:
             embeds = embeds.index_copy(0, inputs.replaced_indices, inputs.replaced_vectors)
+        if self.lora is not None:
+            self.lora.set_step(inputs.adapter_slots)
         hidden = self.model(embeds, inputs.positions, self.kv_caches, inputs.attn)
         logits = None
         if inputs.logit_rows:

@@ -93,6 +93,10 @@ class Request:
     # A pooling request: the prompt positions whose hidden states its output reads
     # (the engine's Pooler says which); None for a generation request.
     pooled_positions: range | None = None
+    # Its LoRA adapter's slot in the model (-1: the base model) and the key that roots
+    # its prefix-cache hashes (None for the base), set when the engine adds it.
+    adapter_slot: int = -1
+    adapter_cache_key: bytes | None = None
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.prompt_token_ids)

@@ -64,6 +64,9 @@ class SamplingParams:
 
     skip_special_tokens: bool = True
 
+    # The route of the LoRA adapter to compute with (LLMEngine's lora_manager); None: the base model.
+    adapter: str | None = None
+
     # Structured output (issue 5): the grammar the output must follow; None or kind
     # "text" constrains nothing.
     structured_output: StructuredOutputSpec | None = None

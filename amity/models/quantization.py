@@ -133,6 +133,14 @@ class _PanelLinear(nn.Module):
         return out.reshape(*shape[:-1], self.out_features)
 
 
+def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+    """A [N, K] weight in csrc/packed_linear.cpp's layout, [ceil(N / 32), K, 32],
+    its outputs padded with zero rows to whole panels."""
+    padding_rows = -weight.shape[0] % PANEL_ROWS
+    padded = F.pad(weight, (0, 0, 0, padding_rows))
+    return padded.reshape(-1, PANEL_ROWS, weight.shape[1]).transpose(1, 2).contiguous()
+
+
 class PackedLinear(_PanelLinear):
     """Weights in panels of PANEL_ROWS output rows, [N / 32, K, 32], as
     csrc/packed_linear.cpp reads them: `weights` is "loaded" (the float weights as
@@ -147,9 +155,7 @@ class PackedLinear(_PanelLinear):
             weight = weight.bfloat16()
         elif weight.dtype not in (torch.float32, torch.bfloat16):  # the kernel reads these; float16 is widened
             weight = weight.float()
-        in_features = weight.shape[1]
-        panels = F.pad(weight, (0, 0, 0, self.padding_rows)).reshape(-1, PANEL_ROWS, in_features).transpose(1, 2)
-        self.register_buffer("weight_packed", panels.contiguous())
+        self.register_buffer("weight_packed", pack_panels(weight))
         self.register_buffer("weight_scale", None if scale is None else F.pad(scale, (0, self.padding_rows)))
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
@@ -302,9 +308,19 @@ def _file_layer(linear: nn.Linear, formats: list[FileWeight]) -> nn.Module:
 def _checkpoint_names(model: nn.Module) -> dict[int, list[str]]:
     """id(nn.Linear) -> the checkpoint names of its weight: a MergedLinear's shards
     in order; a tied LM head's is the embedding's."""
-    param_names = {id(p): name for name, p in model.named_parameters()}  # a tied weight: its first name
+    # A wrapper (LoRA's LoraLinear) names its wrapped layer `base`, which the file does not.
+    wrappers = {q for q, m in model.named_modules() if getattr(m, "wraps_base", False)}
+
+    def in_file(qualified: str) -> str:
+        for wrapper in wrappers:
+            qualified = qualified.replace(f"{wrapper}.base", wrapper, 1) if qualified.startswith(
+                f"{wrapper}.base") else qualified
+        return qualified
+
+    param_names = {id(p): in_file(name) for name, p in model.named_parameters()}  # tied: first name
     names = {}
     for qualified, module in model.named_modules():
+        qualified = in_file(qualified)
         if isinstance(module, MergedLinear):
             parent = qualified.rpartition(".")[0]
             names[id(module)] = [f"{parent}.{shard}.weight".lstrip(".") for shard in module.shard_names]

@@ -14,7 +14,7 @@ from amity.config import ServerConfig
 from amity.engine.client import EngineClient
 from amity.server import schemas as s
 from amity.server.errors import install_error_handlers
-from amity.server.routes import chat, completions, images, messages, pooling, tokens, transcriptions
+from amity.server.routes import chat, completions, images, lora, messages, pooling, tokens, transcriptions
 from amity.server.state import ServerState
 from amity.server.tasks import require_task
 
@@ -44,7 +44,7 @@ def build_app(engine: EngineClient | None, server_config: ServerConfig, *,
                   dependencies=[Depends(require_task)])
     app.state.amity = state
     install_error_handlers(app)
-    for module in (completions, chat, messages, tokens, pooling, images, transcriptions):
+    for module in (completions, chat, messages, tokens, pooling, images, transcriptions, lora):
         app.include_router(module.router)
 
     @app.get("/health")
@@ -66,7 +66,11 @@ def build_app(engine: EngineClient | None, server_config: ServerConfig, *,
         state.ready_engine()
         card = s.ModelCard(id=state.model_name, created=state.created,
                            max_model_len=state.info.max_model_len)
-        return s.ModelList(data=[card])
+        # LoRA adapters as vLLM lists them: `root` their path, `parent` the base.
+        adapters = [s.ModelCard(id=route, created=state.created, max_model_len=state.info.max_model_len,
+                                root=path, parent=state.model_name)
+                    for route, path in state.adapters().items()]
+        return s.ModelList(data=[card, *adapters])
 
     @app.get("/metrics")
     async def metrics():

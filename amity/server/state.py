@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from amity.config import ServerConfig
-from amity.engine.client import EngineClient
+from amity.engine.client import AdapterClient, EngineClient
 from amity.images.inputs import FetchPolicy
 from amity.images.service import ImageService
+from amity.server.adapter_route import AdapterRoute
 from amity.server.errors import ApiError
 from amity.server.metrics import RequestTracker, ServerMetrics
 from amity.server.protocol import ModelInfo, TokenPieces
@@ -83,13 +84,28 @@ class ServerState:
                            headers={"Retry-After": "5"})
         return self.engine
 
-    def resolve_model(self, name: str | None) -> EngineClient:
-        """What serves a request naming `model`: the one place the field is interpreted
-        (LoRA adapters and several models will route here). Whether the model's task
-        fits the route is checked before, by tasks.require_task."""
+    def adapters(self) -> dict[str, str]:
+        """The LoRA adapters served now: route -> path."""
         engine = self.ready_engine()
-        self._check_name(name)
-        return engine
+        return engine.lora_adapters() if isinstance(engine, AdapterClient) else {}
+
+    def resolve_model(self, name: str | None) -> EngineClient:
+        """What serves a request naming `model`: the one place the field is interpreted.
+        The base model's name (or none) is the base; a LoRA adapter's route, alone or
+        as `BASE:ROUTE` (a dedicated endpoint's `ENDPOINT_ID:ADAPTER_ROUTE` form), is
+        the base computing with that adapter."""
+        engine = self.ready_engine()
+        if name is None or name == self.model_name:
+            return engine
+        adapters = self.adapters()
+        route = name.removeprefix(f"{self.model_name}:")
+        if route in adapters:
+            return AdapterRoute(engine, route)
+        served = ", ".join(repr(m) for m in [self.model_name, *adapters])
+        raise ApiError(
+            404, f"model {name!r} is not served here; served: {served} (or leave `model` out)",
+            loc=("body", "model"), type="model_not_found",
+        )
 
     def _check_name(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
