@@ -1,12 +1,14 @@
-"""LoRA adapters on the pooling routes (issue 18): the tiny Llama served with
-`--task embed` and a random-weight `peft` adapter, over a real socket through the
-`openai` SDK. `model` set to the adapter's route (alone or as `BASE:ROUTE`) embeds
-with the adapter: `peft`'s model's last-token final hidden state, L2-normalised;
-the base route embeds with the base, also when both kinds share the engine's steps
-and its prefix cache."""
+"""LoRA adapters on the pooling routes (issue 18), over a real socket, with random-weight
+`peft` adapters. The tiny Llama served with `--task embed`, through the `openai` SDK:
+`model` set to the adapter's route (alone or as `BASE:ROUTE`) embeds with the adapter,
+as `peft`'s model's last-token final hidden state, L2-normalised; the base route
+embeds with the base, also when both kinds share the engine's steps and its prefix
+cache. A tiny Llama decoder classifier on `/classify`: the adapter route gives
+`peft`'s class probabilities. An encoder refuses LoRA at load."""
 
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import openai
 import pytest
 import torch
@@ -15,6 +17,7 @@ from peft import PeftModel
 
 from amity.config import EngineConfig
 from amity.engine.async_engine import AsyncEngine
+from amity.engine.llm_engine import LLMEngine
 from tests.lora_helpers import ADAPTER_SPECS, build_adapter
 from tests.server.conftest import RunningServer, free_port
 
@@ -88,3 +91,45 @@ def test_an_unknown_route_is_a_404_naming_the_routes(oai):
     with pytest.raises(openai.NotFoundError) as error:
         oai.embeddings.create(model="no-such-adapter", input="hi")
     assert "'full'" in error.value.response.text
+
+
+@pytest.fixture(scope="module")
+def classifier(pooling_checkpoint, tmp_path_factory):
+    """The tiny Llama classifier and an adapter on its body (no `score` in it:
+    `modules_to_save` is refused, README's LoRA section)."""
+    path = pooling_checkpoint("llama")
+    adapter = build_adapter(path, tmp_path_factory.mktemp("lora-classify"), ADAPTER_SPECS["full"], seed=1,
+                            auto_class=transformers.AutoModelForSequenceClassification)
+    return path, adapter
+
+
+def test_the_adapter_route_classifies_with_the_adapter(classifier):
+    path, adapter_dir = classifier
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
+    base = transformers.AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch.float32)
+    lora = PeftModel.from_pretrained(base, str(adapter_dir)).eval()
+
+    def probs() -> list[torch.Tensor]:
+        with torch.no_grad():
+            return [lora(torch.tensor([tokenizer.encode(t)])).logits[0].softmax(-1) for t in TEXTS]
+
+    expected = {"full": probs()}
+    with lora.disable_adapter():
+        expected[None] = probs()
+    assert all((a - b).abs().max() > 1e-3 for a, b in zip(expected["full"], expected[None]))
+
+    config = EngineConfig(model=str(path), dtype="float32", kv_cache_memory="16MiB", num_threads=1,
+                          lora_modules=[f"full={adapter_dir}"])
+    with RunningServer(AsyncEngine.from_config(config), free_port()) as running:
+        for model in (None, "full", None):
+            res = httpx.post(running.url + "/classify", json={"model": model, "input": TEXTS}, timeout=60)
+            assert res.status_code == 200, res.text
+            for got, want in zip(res.json()["data"], expected[model], strict=True):
+                torch.testing.assert_close(torch.tensor(got["probs"]), want, atol=ATOL, rtol=0)
+
+
+def test_an_encoder_refuses_lora_at_load(pooling_checkpoint, adapter_dir):
+    config = EngineConfig(model=str(pooling_checkpoint("bert")), dtype="float32", num_threads=1,
+                          lora_modules=[f"full={adapter_dir}"])
+    with pytest.raises(ValueError, match="is an encoder; LoRA adapters serve decoders"):
+        LLMEngine(config)
