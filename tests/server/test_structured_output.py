@@ -234,7 +234,7 @@ def test_calls_cut_by_max_tokens_keep_the_complete_ones(oai, engine):
 
     streamed: dict[int, str] = {}
     for chunk in oai.chat.completions.create(**body, max_tokens=max_tokens, stream=True):
-        for d in chunk.choices[0].delta.tool_calls or []:
+        for d in (d for c in chunk.choices for d in c.delta.tool_calls or []):
             streamed[d.index] = streamed.get(d.index, "") + (d.function.arguments or "")
     assert list(streamed) == [0, 1] and json.loads(streamed[0]) == first["arguments"]
     assert streamed[1] and streamed[1] in "".join(pieces)[start:end], streamed  # as far as generated
