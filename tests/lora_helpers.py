@@ -18,10 +18,10 @@ ADAPTER_SPECS = {
 }
 
 
-def peft_model(base_path: Path, spec: dict, seed: int):
-    """`peft`'s model over the base checkpoint with a random-weight adapter (B too:
-    PEFT's default B = 0 would make the adapter a no-op)."""
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(base_path), dtype=torch.float32)
+def peft_model(base_path: Path, spec: dict, seed: int, auto_class=transformers.AutoModelForCausalLM):
+    """`peft`'s model over the base checkpoint (loaded by `auto_class`) with a
+    random-weight adapter (B too: PEFT's default B = 0 would make the adapter a no-op)."""
+    hf = auto_class.from_pretrained(str(base_path), dtype=torch.float32)
     model = get_peft_model(hf, LoraConfig(**spec, init_lora_weights=False))
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -31,6 +31,7 @@ def peft_model(base_path: Path, spec: dict, seed: int):
     return model.eval()
 
 
-def build_adapter(base_path: Path, directory: Path, spec: dict, seed: int) -> Path:
-    peft_model(base_path, spec, seed).save_pretrained(str(directory))
+def build_adapter(base_path: Path, directory: Path, spec: dict, seed: int,
+                  auto_class=transformers.AutoModelForCausalLM) -> Path:
+    peft_model(base_path, spec, seed, auto_class).save_pretrained(str(directory))
     return directory

@@ -59,7 +59,7 @@ class EngineModel:
 
 def load_engine_model(config: EngineConfig, dtype: torch.dtype, device: torch.device,
                       before_quantize: Callable[[nn.Module], None] | None = None) -> EngineModel:
-    """`before_quantize` sees a causal LM's modules as loaded (LoRA wraps them there)."""
+    """`before_quantize` sees a decoder's modules as loaded (LoRA wraps them there)."""
     path = Path(config.model) if config.model else default_model_path()
     if not path.exists():
         raise FileNotFoundError(f"model path {path} does not exist")
@@ -76,9 +76,12 @@ def load_engine_model(config: EngineConfig, dtype: torch.dtype, device: torch.de
             before_quantize(loaded.model)
         loaded.model = quantize_model(loaded.model, scheme, device, loaded.file_weights)
         return EngineModel.generative(loaded, task)
-    if before_quantize is not None:
-        raise ValueError(f"{path} is a pooling checkpoint; LoRA adapters serve causal LMs here")
     loaded = load_pooling_model(path, dtype, device, task)
+    if before_quantize is not None:
+        if not hasattr(loaded.model.network, "embed"):
+            raise ValueError(f"{path} is an encoder; LoRA adapters serve decoders here (causal LMs and "
+                             "decoder classifiers)")
+        before_quantize(loaded.model.network)  # a decoder classifier: its body as a causal LM's
     model = quantize_model(loaded.model, scheme, device)
     network = model.network
     head = network.logits if model.labels is not None else None

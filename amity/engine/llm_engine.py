@@ -196,7 +196,7 @@ class LLMEngine:
     def lora_adapters(self) -> dict[str, LoadedAdapter]:
         return self.lora.adapters if self.lora else {}
 
-    def _adapter_of(self, params: SamplingParams) -> LoadedAdapter | None:
+    def _adapter_of(self, params: SamplingParams | PoolingParams) -> LoadedAdapter | None:
         if params.adapter is None:
             return None
         adapter = self.lora_adapters().get(params.adapter)
@@ -407,6 +407,7 @@ class LLMEngine:
         if not self.served.is_encoder and -(-num_prompt // self.block_size) > self.num_blocks:
             raise RequestError(f"the input has {num_prompt} tokens but the server's KV cache holds "
                                f"{self.num_blocks * self.block_size}; shorten it", "input")
+        self._adapter_of(params)
         return ValidatedPooling(list(prompt_token_ids), params)
 
     def add_pooling(self, request_id: str, validated: ValidatedPooling) -> None:
@@ -414,7 +415,10 @@ class LLMEngine:
         if request_id in self.groups:
             raise RequestError(f"request id {request_id!r} is already in flight", "request_id")
         ids = validated.prompt_token_ids
+        adapter = self._adapter_of(validated.params)  # unloaded since validation: refused here
         request = Request.pooling(request_id, ids, validated.params, self.pooler.pooled_positions(len(ids)))
+        if adapter is not None:
+            request.adapter_slot, request.adapter_cache_key = adapter.slot, adapter.cache_key
         self.groups[request_id] = [request]
         self.scheduler.add(request)
 

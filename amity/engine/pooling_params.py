@@ -15,6 +15,8 @@ POOLING_TASKS = ("embed", "classify")
 @dataclass(frozen=True)
 class PoolingParams:
     task: str  # one of POOLING_TASKS
+    # The route of the LoRA adapter to compute with, as SamplingParams.adapter; None: the base model.
+    adapter: str | None = None
 
     def __post_init__(self):
         if self.task not in POOLING_TASKS:

@@ -188,17 +188,58 @@ def test_a_named_tool_choice_is_one_call(oai):
     jsonschema.validate(json.loads(call.function.arguments), WEATHER)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "under --quantization auto (the default since session 7) the default model's greedy "
-    "answer closes the call array after one call within 96 tokens, so max_tokens no longer "
-    "cuts it; the test needs a prompt or model that reliably emits several calls"))
-def test_calls_cut_by_max_tokens_keep_the_complete_ones(oai):
-    res = oai.chat.completions.create(model=None, messages=ASK, tools=TOOLS,
-                                      tool_choice="required", temperature=0, max_tokens=96)
-    c = res.choices[0]
+def _array_never_closes(tokenizer) -> dict[str, int]:
+    """A `logit_bias` that bans every token with a `]` in it: the forced call array can
+    then never close, so whatever the model prefers, it writes call after call."""
+    return {str(t): -100 for t in range(tokenizer.vocab_size) if "]" in tokenizer.decode([t])}
+
+
+def _call_spans(text: str) -> list[tuple[int, int, dict]]:
+    """(start, end, call) of each complete call in the text of an unclosed call array."""
+    decoder, spans, i = json.JSONDecoder(), [], 1
+    assert text.startswith("["), text
+    while True:
+        try:
+            call, end = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return spans
+        spans.append((i, end, call))
+        if text[end:end + 1] != ",":
+            return spans
+        i = end + 1 + len(text[end + 1:]) - len(text[end + 1:].lstrip())
+
+
+def test_calls_cut_by_max_tokens_keep_the_complete_ones(oai, engine):
+    """Issue 13 (11): an array of calls that max_tokens cuts inside its second call
+    returns the first call, complete, as `tool_calls` (not the raw JSON as content);
+    the stream has sent both, the second as far as it was generated."""
+    body = {"model": None, "messages": ASK, "tools": TOOLS, "tool_choice": "required",
+            "temperature": 0, "logit_bias": _array_never_closes(engine.tokenizer)}
+    # The greedy path, token by token, from the logprobs of a longer run.
+    res = oai.chat.completions.create(**body, max_tokens=160, logprobs=True)
+    assert res.choices[0].finish_reason == "length"
+    pieces = [bytes(t.bytes).decode() for t in res.choices[0].logprobs.content]
+    spans = _call_spans("".join(pieces))
+    assert len(spans) >= 2, pieces
+    first, (start, end, _) = spans[0][2], spans[1]
+    # Cut inside the second call: the most tokens that still leave its closing `}}` out.
+    max_tokens = max(k for k in range(len(pieces)) if len("".join(pieces[:k])) <= end - 2)
+
+    c = oai.chat.completions.create(**body, max_tokens=max_tokens).choices[0]
     assert c.finish_reason == "length" and c.message.content is None, c
-    assert c.message.tool_calls, c
+    [call] = c.message.tool_calls
+    assert call.id and call.function.name == first["name"]
+    assert json.loads(call.function.arguments) == first["arguments"]
     _check_calls(c.message.tool_calls, set(SCHEMAS), parallel=True)
+
+    streamed: dict[int, str] = {}
+    for chunk in oai.chat.completions.create(**body, max_tokens=max_tokens, stream=True):
+        for d in (d for c in chunk.choices for d in c.delta.tool_calls or []):
+            streamed[d.index] = streamed.get(d.index, "") + (d.function.arguments or "")
+    assert list(streamed) == [0, 1] and json.loads(streamed[0]) == first["arguments"]
+    assert streamed[1] and streamed[1] in "".join(pieces)[start:end], streamed  # as far as generated
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(streamed[1])
 
 
 def test_streamed_tool_call_arguments_arrive_in_fragments(oai, http):
