@@ -138,14 +138,14 @@ def test_ray_replicas_serve_sleep_wake_and_are_replaced(suite):
     events = [line[6:] for line in rest if line.startswith("data: ")]
     assert events[-1] != "[DONE]" and "replica_error" in events[-1], events[-3:]
     assert wait_for(lambda: not running(pid), 30, "the replica dying with its actor")
-    new = wait_for(lambda: [p for p in serve_pids(endpoint) if p != pid], 180, "a new replica")
-    assert parent(new[0])[0] != actor_pid
+    [new] = wait_for(lambda: [p for p in serve_pids(endpoint) if p != pid], 180, "a new replica")
+    new_actor, new_cmdline = parent(new)
+    assert new_actor != actor_pid and new_cmdline.startswith("ray::"), new_cmdline
     r = wait_for(lambda: (x := complete(suite, endpoint)).status_code == 200 and x, 300,
                  "serving again")
     assert r.json()["model"] == endpoint
     assert http.get(f"{BASE}/{endpoint}/status").json()["status"] == "RUNNING"
 
     assert http.delete(f"{BASE}/{endpoint}").json() == {}
-    new_actor = parent(new[0])[0]
     assert wait_for(lambda: not serve_pids(endpoint) and not running(new_actor), 60,
                     "the replica and its actor stopping")
