@@ -164,8 +164,8 @@ class SuiteConfig:
         "machine) or `ray` (Ray actors running `amity serve` on a Ray cluster, see "
         "--ray-address).", choices=("process", "ray"))
     ray_address: str | None = _opt(
-        None, "The Ray cluster of `--replicas ray`: HOST:PORT of its head (its GCS port), "
-        "ray://HOST:10001 through Ray Client, or `auto`. Default: RAY_ADDRESS, else a Ray "
+        None, "The Ray cluster of `--replicas ray`: HOST:PORT of its head (its GCS port) or "
+        "`auto`; the Suite's machine must be a node of it. Default: RAY_ADDRESS, else a Ray "
         "instance started inside the Suite (ray.init's rule).")
     ray_replica_cpus: float = _opt(
         1.0, "CPUs each replica reserves on the Ray cluster (Ray also sets the replica's "

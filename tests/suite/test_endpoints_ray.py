@@ -149,3 +149,15 @@ def test_ray_replicas_serve_sleep_wake_and_are_replaced(suite):
     assert http.delete(f"{BASE}/{endpoint}").json() == {}
     assert wait_for(lambda: not serve_pids(endpoint) and not running(new_actor), 60,
                     "the replica and its actor stopping")
+
+
+def test_an_address_without_a_ray_head_is_a_clear_error(tmp_path):
+    """(ray.init alone would retry it for minutes.)"""
+    address = f"127.0.0.1:{free_port()}"
+    result = subprocess.run(
+        [sys.executable, "-m", "amity.cli", "suite", "--port", str(free_port()), "--data-dir",
+         str(tmp_path / "data"), "--container-model", "none", "--replicas", "ray",
+         "--ray-address", address], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO), "AMITY_ADMIN_TOKEN": ADMIN_TOKEN})
+    assert result.returncode != 0
+    assert f"--ray-address {address}: no Ray head answers there" in result.stderr, result.stderr

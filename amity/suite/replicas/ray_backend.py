@@ -18,6 +18,7 @@ import asyncio
 import logging
 import secrets
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -41,6 +42,16 @@ class RayReplica:
     watcher: asyncio.Task | None = None
 
 
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """ray.init retries an address that nothing answers on for minutes: a clear error
+    at once instead."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError) as error:
+        raise RuntimeError(f"--ray-address {address}: no Ray head answers there ({error})") from None
+
+
 class RayBackend:
     def __init__(self, address: str | None, log_dir: Path, start_timeout_s: float,
                  replica_cpus: float, stop_timeout_s: float = 30.0):
@@ -48,6 +59,8 @@ class RayBackend:
         # once; the server's, which stop it gracefully, are put back (Python sets
         # handlers from the main thread only, where uvicorn runs the Suite).
         handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        if address not in (None, "auto"):
+            _check_reachable(address)
         # Replicas' output stays in their logs, not in the Suite's.
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
                  logging_level=logging.WARNING)
