@@ -3,7 +3,8 @@ temporary directory, a process of this test) and a real `amity suite --replicas 
 --ray-address ...` whose replicas are Ray actors running `amity serve` of the tiny
 chat model. Inference through the router, scale to zero on cooldown and wake on
 request, a replica's actor killed mid-stream (the request fails cleanly, the actor is
-replaced), delete. One test, to start Ray once: `pytest -m ray` runs it alone."""
+replaced), delete, in one test, to start Ray once; and an address where no head
+answers. `pytest -m ray` runs them alone."""
 
 import json
 import os

@@ -4,7 +4,8 @@ node where Ray placed it, on a free port of that node's address, and answers whe
 The process is the actor's child and gets SIGKILL when the actor's process dies, so a
 killed or crashed actor takes its replica down at once: the requests in flight break
 (as with a killed process replica), and the Suite, which awaits `wait()`, sees the
-actor die and replaces it.
+actor die and replaces it. (The signal follows the thread that started the child; a
+threaded actor's threads live as long as the actor.)
 """
 
 import signal
