@@ -161,7 +161,15 @@ class SuiteConfig:
     )
     replicas: str = _opt(
         "process", "Where replicas run: `process` (child `amity serve` processes on this "
-        "machine), the one backend so far (Ray Serve is planned).", choices=("process",))
+        "machine) or `ray` (Ray actors running `amity serve` on a Ray cluster, see "
+        "--ray-address).", choices=("process", "ray"))
+    ray_address: str | None = _opt(
+        None, "The Ray cluster of `--replicas ray`: HOST:PORT of its head (its GCS port) or "
+        "`auto`; the Suite's machine must be a node of it. Default: RAY_ADDRESS, else a Ray "
+        "instance started inside the Suite (ray.init's rule).")
+    ray_replica_cpus: float = _opt(
+        1.0, "CPUs each replica reserves on the Ray cluster (Ray also sets the replica's "
+        "OMP_NUM_THREADS to it).")
     model_registry: str | None = _opt(
         None,
         "Directory of models that `hfModelRepo` names resolve to: the Hugging Face cache "

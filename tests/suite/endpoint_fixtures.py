@@ -32,8 +32,9 @@ def build_registry(root: Path, tiny_model: Path) -> Path:
     return root
 
 
-def start_suite(data_dir: Path, registry: Path, *extra: str) -> SuiteProcess:
-    return SuiteProcess(data_dir, "--model-registry", str(registry), *SUITE_FLAGS, *extra).start()
+def start_suite(data_dir: Path, registry: Path, *extra: str, timeout_s: float = 60) -> SuiteProcess:
+    return SuiteProcess(data_dir, "--model-registry", str(registry), *SUITE_FLAGS,
+                        *extra).start(timeout_s)
 
 
 def create_body(project_id: str, repo: str = TINY_REPO, **extra) -> dict:

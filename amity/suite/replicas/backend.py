@@ -1,5 +1,5 @@
 """The replica backend interface: what the controller asks of any place replicas run
-(child processes here, Ray Serve on a cluster). A replica is one container serving
+(child processes here, Ray actors on a cluster). A replica is one container serving
 one model on its spec paths at `url`; the backend starts it, says whether it is
 still alive, and stops it."""
 

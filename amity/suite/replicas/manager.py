@@ -23,7 +23,15 @@ log = logging.getLogger("amity.suite.replicas")
 
 
 def open_backend(config: SuiteConfig, data_dir: Path) -> ReplicaBackend:
-    """The backend `--replicas` names (only `process` so far)."""
+    """The backend `--replicas` names."""
+    if config.replicas == "ray":
+        try:  # imported here: `ray` is optional, and slow to import
+            from amity.suite.replicas.ray_backend import RayBackend
+        except ModuleNotFoundError as error:
+            raise RuntimeError(f"--replicas ray needs the ray package (pip install "
+                               f"ray==2.60.0): {error}") from error
+        return RayBackend(config.ray_address, data_dir / "replicas",
+                          config.replica_start_timeout_s, config.ray_replica_cpus)
     return ProcessBackend(data_dir / "replicas", config.replica_start_timeout_s)
 
 

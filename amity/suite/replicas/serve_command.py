@@ -1,0 +1,72 @@
+"""One replica process, as every backend starts it: `amity serve` on a free port of an
+address, its output in a log file, tied to its parent's life, ready once its
+`/health` answers 200."""
+
+import asyncio
+import ctypes
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from amity.suite.replicas.backend import ReplicaSpec
+
+PR_SET_PDEATHSIG = 1
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def serve_argv(spec: ReplicaSpec, host: str, port: int) -> list[str]:
+    named = ("--served-model-name", spec.served_name) if spec.served_name else ()
+    return [sys.executable, "-m", "amity.cli", "serve", "--model", spec.model, *named,
+            "--host", host, "--port", str(port), *spec.flags]
+
+
+def serve_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def die_with_parent(sig: signal.Signals) -> Callable[[], None]:
+    """A `preexec_fn` that has the child get `sig` when its parent dies."""
+    def preexec() -> None:
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
+        except (OSError, AttributeError):  # not Linux: orphans are possible, nothing more
+            pass
+    return preexec
+
+
+def log_tail(path: Path, num_bytes: int = 3000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - num_bytes))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+async def wait_healthy(url: str, alive: Callable[[], bool], timeout_s: float) -> str | None:
+    """None once `url`/health answers 200; otherwise why not (the replica ended, or
+    `timeout_s` passed)."""
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(trust_env=False, timeout=5) as client:
+        while True:
+            if not alive():
+                return "the replica exited"
+            try:
+                if (await client.get(url + "/health")).status_code == 200:
+                    return None
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                return f"the replica was not healthy after {timeout_s:.0f} s"
+            await asyncio.sleep(0.25)
