@@ -249,12 +249,25 @@ class BlockLinear(_PanelLinear):
         return torch.ops.amity.block_linear(x, self.weight_packed, self.format, self.bias)
 
 
+def _six_bit_tops(tops: torch.Tensor) -> torch.Tensor:
+    """Q6_K's top 2 bits of q, [padded out, in] -> [panel, block, quad, 32] bytes: in
+    a quad's VNNI lane bytes (4i + j: output i's input j; outputs 0-15 in one vector,
+    16-31 in the other), byte c holds the first vector's lane bytes c and c + 32 in
+    bits 0-1 and 2-3, the second's in bits 4-5 and 6-7 (csrc/block_linear.cpp)."""
+    num_panels, num_blocks = tops.shape[0] // PANEL_ROWS, tops.shape[1] // Q4_1_BLOCK
+    lanes = tops.reshape(num_panels, PANEL_ROWS, num_blocks, Q4_1_BLOCK // 4, 4).permute(0, 2, 3, 1, 4)
+    lanes = lanes.reshape(num_panels, num_blocks, Q4_1_BLOCK // 4, 2, 64)  # [.., vector, lane byte]
+    return (lanes[..., 0, :32] | (lanes[..., 0, 32:] << 2) | (lanes[..., 1, :32] << 4)
+            | (lanes[..., 1, 32:] << 6))
+
+
 class SuperBlockLinear(_PanelLinear):
     """Weights in a GGUF K-quant (`Q4_K`, `Q6_K`; k_quants.py) in the super-block
     panels of csrc/block_linear.cpp, [N / 32, K / 256, super-block bytes] uint8:
     per panel and 256 inputs, d (and dmin) for its 32 outputs, then each
-    sub-block's sc (then each's m), then the quads as BlockLinear's (Q6_K's q a
-    byte each). Same int8 activations per block of 32 as BlockLinear."""
+    sub-block's sc (then each's m), then the quads as BlockLinear's 4-bit ones
+    (Q6_K: each quad followed by its q's top 2 bits, `_six_bit_tops`). Same int8
+    activations per block of 32 as BlockLinear."""
 
     def __init__(self, linear: nn.Linear, blocks: KQuantBlocks):
         super().__init__(linear)
@@ -268,7 +281,10 @@ class SuperBlockLinear(_PanelLinear):
         def per_super(values: torch.Tensor) -> torch.Tensor:  # [out, n x per super] -> [panel, super, bytes]
             return _per_panel(F.pad(values, pad).reshape(values.shape[0] + self.padding_rows, num_supers, -1))
 
-        quads = _quads(F.pad(blocks.q, pad), nibbles=blocks.kind == "Q4_K")
+        q = F.pad(blocks.q, pad)
+        quads = _quads(q & 15, nibbles=True)
+        if blocks.kind == "Q6_K":
+            quads = torch.cat([quads.reshape(*quads.shape[:2], -1, 64), _six_bit_tops(q >> 4)], dim=-1)
         quads = quads.reshape(quads.shape[0], num_supers, -1)
         fields = [blocks.d, blocks.dmin, blocks.sc, blocks.m]
         parts = [per_super(f) for f in fields if f is not None] + [quads]

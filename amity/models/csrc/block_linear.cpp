@@ -33,8 +33,11 @@
 // bytes; the 128 comes off the integer sum exactly, as Q4_0's 8 does).
 // K-quants: [N / 32, K / 256, SUPER_BYTES], a super-block per panel: d[32] (and
 // Q4_K's dmin[32]) float16, then per sub-block sc[32] (Q4_K: then m[32] after all
-// sc), one byte each, then the 8 blocks' quads as above: Q4_K's 4-bit, Q6_K's q
-// (0-63) one byte each like Q8_0's, with zero point 32.
+// sc), one byte each, then the 8 blocks' quads as above: Q4_K's 4-bit; Q6_K's q
+// (0-63, zero point 32) as 96 bytes: their low 4 bits as a 4-bit quad, then 32
+// bytes of their top 2 bits, byte c holding those of VNNI lane bytes c and c + 32
+// of outputs 0-15 (bits 0-1, 2-3), then of outputs 16-31 (bits 4-5, 6-7), so one
+// broadcast and two shifts put every top at bits 4-5 of its lane byte.
 
 #include <torch/extension.h>
 
@@ -63,8 +66,9 @@ enum Format : int64_t { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, Q4_K = 3, Q6_K = 4 };
 
 template <int F>
 struct Layout {
-  static constexpr bool nibbles = F == Q4_0 || F == Q4_1 || F == Q4_K;
-  static constexpr int64_t quad_bytes = nibbles ? 64 : 128;
+  static constexpr int bits = F == Q8_0 ? 8 : F == Q6_K ? 6 : 4;         // per stored q
+  static constexpr bool nibbles = bits != 8;                              // the low 4 bits as 4-bit quads
+  static constexpr int64_t quad_bytes = bits == 4 ? 64 : bits == 6 ? 96 : 128;
   static constexpr int64_t scales = KB / 4 * quad_bytes;                   // offset of d[NR]
   static constexpr int64_t block_bytes = scales + (F == Q4_1 ? 2 : 1) * NR * 2;
   static constexpr int32_t zero = F == Q4_0 ? 8 : F == Q8_0 ? 128 : F == Q6_K ? 32 : 0;  // stored q - zero = q
@@ -225,7 +229,9 @@ void tile_super(const uint8_t* panel, int64_t K, const Activations& a, int64_t m
   const int64_t num_blocks = K / KB;
   constexpr int64_t quads_per_sub = L::sub / 4;
 #ifdef AMITY_BLOCK_VNNI
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
+  // Q6_K's tops: lane bytes 0-31 from bits 0-1 (4-5), 32-63 from bits 2-3 (6-7).
+  const __m512i lo_shift = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4), hi_shift = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
   // Prefetched ~4 KiB ahead, a sub-block's share of the super-block at a time.
   constexpr int64_t chunk = L::super_bytes / L::subs, ahead = 4096 / chunk + 1;
   for (int64_t sb = 0; sb < K / 256; ++sb) {
@@ -250,6 +256,12 @@ void tile_super(const uint8_t* panel, int64_t K, const Activations& a, int64_t m
           const __m512i v = _mm512_loadu_si512(quads + g * L::quad_bytes);
           lo = _mm512_and_si512(v, low4);
           hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+          if constexpr (L::bits == 6) {
+            const __m512i tops = _mm512_broadcast_i64x4(
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quads + g * L::quad_bytes + 64)));
+            lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_sllv_epi64(tops, lo_shift), top2));
+            hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srlv_epi64(tops, hi_shift), top2));
+          }
         } else {
           lo = _mm512_loadu_si512(quads + g * L::quad_bytes);
           hi = _mm512_loadu_si512(quads + g * L::quad_bytes + 64);
@@ -303,8 +315,13 @@ void tile_super(const uint8_t* panel, int64_t K, const Activations& a, int64_t m
           for (int64_t k = 0; k < L::sub; ++k) {
             int32_t stored;
             if constexpr (L::nibbles) {
-              const uint8_t byte = quads[k / 4 * L::quad_bytes + (n % 16) * 4 + k % 4];
+              const int64_t lane = (n % 16) * 4 + k % 4;
+              const uint8_t byte = quads[k / 4 * L::quad_bytes + lane];
               stored = n < 16 ? byte & 15 : byte >> 4;
+              if constexpr (L::bits == 6) {
+                const uint8_t tops = quads[k / 4 * L::quad_bytes + 64 + lane % 32];
+                stored |= ((tops >> ((n < 16 ? 0 : 4) + (lane < 32 ? 0 : 2))) & 3) << 4;
+              }
             } else {
               stored = quads[k / 4 * L::quad_bytes + (n / 16) * 64 + (n % 16) * 4 + k % 4];
             }
