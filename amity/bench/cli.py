@@ -59,10 +59,17 @@ def add_bench_parser(subparsers) -> None:
     add_workload_arguments(srv)
     srv.set_defaults(func=_serve)
 
-    cmp = commands.add_parser("compare", help="start amity and each installed peer in turn, "
-                                              "load each the same way, print the ratios")
+    cmp = commands.add_parser("compare", help="start amity and each installed peer, load them in "
+                                              "turn (A, B, A, B ...) for --rounds rounds, print the "
+                                              "medians and ratios")
+    cmp.add_argument("--rounds", type=int, default=3,
+                     help="Rounds; every system is loaded once a round, in turn (at least 3).")
     cmp.add_argument("--peer", action="append", default=[], metavar="NAME=URL",
                      help="Also load this already-running server (repeatable).")
+    cmp.add_argument("--command", action="append", default=[], metavar="NAME=COMMAND",
+                     help="Also start this server command, its port written {port} (repeatable).")
+    cmp.add_argument("--reference", default=None,
+                     help="System the ratios are taken against. Default: amity if it runs, else the first.")
     cmp.add_argument("--systems", default="amity,llama.cpp,vllm,transformers",
                      help="Which of the systems to start, comma-separated.")
     cmp.add_argument("--threads", type=int, default=None,

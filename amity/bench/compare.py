@@ -1,9 +1,14 @@
-"""`amity bench compare`: amity and each installed peer, one after another, on one workload.
+"""`amity bench compare`: amity and each installed peer, interleaved, on one workload.
 
-Each system runs alone on the machine (started, loaded, stopped before the next starts),
-with the same model file where it can read it, the same thread count and the same
-`amity bench serve` load, so the ratios compare servers, not setups. A peer that is not
-installed is listed as skipped; one that fails to start is listed with its log.
+Every system is started first (one at a time, each waited for), then the rounds run:
+in each, every system in turn gets the same `amity bench serve` load while the others
+sit idle (A, B, A, B, ...), `--rounds` times (at least 3), so that a drift of a shared
+machine lands on all of them rather than deciding a ratio. Each figure reported is the
+median over the rounds; each ratio the median of the rounds' own ratios (a round's runs
+are neighbours in time). Systems get the same model file where they can read it and the
+same thread count, so the ratios compare servers, not setups. A peer that is not
+installed is listed as skipped; one that fails to start, or fails a round, is listed
+with its log and leaves the rounds.
 
 Peers, and what was learned installing them (issue 6):
 - llama.cpp: a `llama-server` binary on PATH (continuous batching, `--parallel` slots),
@@ -24,6 +29,7 @@ import shlex
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -57,6 +63,13 @@ def _importable(python: str, module: str) -> bool:
         return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
+
+
+def _named(spec: str, flag: str) -> tuple[str, str]:
+    name, sep, value = spec.partition("=")
+    if not sep or not name or not value:
+        raise ValueError(f"{flag} wants NAME=VALUE, got {spec!r}")
+    return name, value
 
 
 def plan(args, workload: serve.Workload) -> list[System]:
@@ -109,11 +122,19 @@ def plan(args, workload: serve.Workload) -> list[System]:
         systems.append(local("transformers", [
             sys.executable, "-m", "amity.bench.hf_baseline", "--model", gguf,
             "--threads", str(threads), "--dtype", args.hf_dtype]))
+    for spec in args.command:
+        name, command = _named(spec, "--command")
+        if "{port}" not in command:
+            raise ValueError(f"--command {name}: the command must take the port as {{port}}")
+        port = _free_port()
+        systems.append(System(name, shlex.split(command.replace("{port}", str(port))),
+                              f"http://127.0.0.1:{port}", startup_s=600.0))
     for spec in args.peer:
-        name, sep, url = spec.partition("=")
-        if not sep or not url:
-            raise ValueError(f"--peer wants NAME=URL, got {spec!r}")
+        name, url = _named(spec, "--peer")
         systems.append(System(name, url=url.rstrip("/")))
+    names = [s.name for s in systems]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two systems share a name: {names}")
     return systems
 
 
@@ -160,81 +181,163 @@ class Running:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def _ratio(a: float | None, b: float | None) -> str:
-    return f"{a / b:.2f}x" if a and b else "–"
+def _median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _p50(summary: dict, key: str) -> float | None:
+    return summary[key]["p50"]
+
+
+def medians(rounds: list[list[dict]]) -> list[dict]:
+    """One row per level: each figure the median over the rounds."""
+    rows = []
+    for level in zip(*rounds):
+        rows.append({
+            "concurrency": level[0]["concurrency"], "request_rate": level[0]["request_rate"],
+            "rounds": len(level),
+            "output_tok_s": _median([s["output_tok_s"] for s in level]),
+            "ttft_p50_ms": _median([_p50(s, "ttft_ms") for s in level]),
+            "itl_p50_ms": _median([_p50(s, "itl_ms") for s in level]),
+            "e2e_p50_ms": _median([_p50(s, "e2e_ms") for s in level]),
+            "output_tok_s_by_round": [s["output_tok_s"] for s in level],
+            "failures": sum(s["failures"] for s in level),
+            "num_prompts": sum(s["num_prompts"] for s in level),
+        })
+    return rows
+
+
+def _paired_ratio(numerators: list[float | None], denominators: list[float | None]) -> float | None:
+    """The median over rounds of one round's ratio."""
+    return _median([a / b if a and b else None for a, b in zip(numerators, denominators)])
+
+
+def report(results: dict[str, list[list[dict]] | str], order: list[dict], reference: str | None) -> dict:
+    """What the run found: per system its median rows and, against `reference` (by
+    default the first system that ran), per
+    level `tok_s_ratio` (reference tok/s ÷ this: above 1, the reference is ahead) and
+    `ttft_ratio` (this TTFT p50 ÷ the reference's: likewise)."""
+    ran = {name: rounds for name, rounds in results.items() if isinstance(rounds, list) and rounds}
+    reference = reference or next(iter(ran), None)  # by default the first system that ran
+    ref_rounds = ran.get(reference) if reference else None
+    systems = {}
+    for name, status in results.items():
+        if name not in ran:
+            systems[name] = {"status": status if isinstance(status, str) else "no round completed"}
+            continue
+        rows = medians(ran[name])
+        for i, row in enumerate(rows):
+            if ref_rounds and i < len(ref_rounds[0]):
+                ref = [r[i] for r in ref_rounds][:len(ran[name])]
+                this = [r[i] for r in ran[name]][:len(ref)]
+                row["tok_s_ratio"] = _paired_ratio([s["output_tok_s"] for s in ref], [s["output_tok_s"] for s in this])
+                row["ttft_ratio"] = _paired_ratio([_p50(s, "ttft_ms") for s in this], [_p50(s, "ttft_ms") for s in ref])
+            else:
+                row["tok_s_ratio"] = row["ttft_ratio"] = None
+        systems[name] = {"status": "ok", "levels": rows}
+    return {"reference": reference if ref_rounds else None, "rounds": max((len(r) for r in ran.values()), default=0),
+            "order": order, "systems": systems}
+
+
+def _ratio(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}x"
 
 
 def _ms(value: float | None, digits: int = 0) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-def compare_table(results: dict[str, list[dict] | str]) -> str:
-    """One row per system and level; ratios say how many times amity is ahead."""
-    amity = {s["concurrency"]: s for s in results.get("amity") or [] if isinstance(s, dict)}
-    lines = ["| system | concurrency | out tok/s | amity tok/s ÷ this | TTFT p50 ms "
-             "| this TTFT ÷ amity's | ITL p50 ms | E2E p50 ms | failures |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for name, summaries in results.items():
-        if isinstance(summaries, str):
-            lines.append(f"| {name} | – | {summaries} | | | | | | |")
+def compare_table(found: dict) -> str:
+    """One row per system and level, medians over the rounds."""
+    ref = found["reference"] or "reference"
+    lines = [f"| system | concurrency | rounds | out tok/s | {ref} tok/s ÷ this | TTFT p50 ms "
+             f"| this TTFT ÷ {ref}'s | ITL p50 ms | E2E p50 ms | failures |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, system in found["systems"].items():
+        if system["status"] != "ok":
+            lines.append(f"| {name} | – | – | {system['status']} | | | | | | |")
             continue
-        for s in summaries:
-            a = amity.get(s["concurrency"])
+        for row in system["levels"]:
             lines.append(
-                f"| {name} | {serve.level_label(s)} | {s['output_tok_s']:.1f} "
-                f"| {_ratio(a and a['output_tok_s'], s['output_tok_s'])} "
-                f"| {_ms(s['ttft_ms']['p50'])} "
-                f"| {_ratio(s['ttft_ms']['p50'], a and a['ttft_ms']['p50'])} "
-                f"| {_ms(s['itl_ms']['p50'], 1)} | {_ms(s['e2e_ms']['p50'])} "
-                f"| {s['failures']} / {s['num_prompts']} |")
+                f"| {name} | {serve.level_label(row)} | {row['rounds']} | {row['output_tok_s']:.1f} "
+                f"| {_ratio(row['tok_s_ratio'])} | {_ms(row['ttft_p50_ms'])} | {_ratio(row['ttft_ratio'])} "
+                f"| {_ms(row['itl_p50_ms'], 1)} | {_ms(row['e2e_p50_ms'])} "
+                f"| {row['failures']} / {row['num_prompts']} |")
     return "\n".join(lines) + "\n"
 
 
 def main(args) -> int:
+    if args.rounds < 3:
+        print("amity bench compare: --rounds must be at least 3 (medians of fewer say little)", file=sys.stderr)
+        return 2
     workload = serve.workload_from_args(args)
     out = Path(args.out or time.strftime("benchmarks/results/compare-%Y%m%d-%H%M%S"))
     out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, list[dict] | str] = {}
-    for system in plan(args, workload):
-        if system.skipped:
-            results[system.name] = system.skipped
-            print(f"{system.name}: {system.skipped}", file=sys.stderr)
-            continue
-        running = None
-        try:
+    systems = plan(args, workload)
+    results: dict[str, list[list[dict]] | str] = {}  # per system: each round's summaries, or why not
+    started: dict[str, Running] = {}
+    order: list[dict] = []  # every run, in the order it ran
+
+    def fail(name: str, error: Exception, when: str) -> None:
+        running = started.get(name)
+        detail = f" (log: {running.log_path})" if running else ""
+        results[name] = f"failed {when}: {error}"[:200] + detail
+        print(f"{name}: failed {when}: {error}{detail}", file=sys.stderr)
+        if running:
+            print(running.log_tail(), file=sys.stderr)
+
+    try:
+        for system in systems:  # all up first, one at a time: the rounds then take turns
+            if system.skipped:
+                results[system.name] = system.skipped
+                print(f"{system.name}: {system.skipped}", file=sys.stderr)
+                continue
+            results[system.name] = []
             if system.argv:
                 print(f"{system.name}: starting {shlex.join(system.argv)}", file=sys.stderr)
-                running = Running(system, out / f"{system.name}.log")
-                running.wait_ready()
-            summaries, records = asyncio.run(serve.run_benchmark(
-                system.url, workload, system.name, progress=not args.no_progress))
-            print(serve.write_results(out / system.name, summaries, records))
-            results[system.name] = summaries
-        except Exception as error:  # noqa: BLE001 - one broken peer must not sink the others
-            detail = f" (log: {running.log_path})" if running else ""
-            results[system.name] = f"failed: {error}"[:200] + detail
-            print(f"{system.name}: failed: {error}{detail}", file=sys.stderr)
-            if running:
-                print(running.log_tail(), file=sys.stderr)
-        finally:
-            if running:
-                running.stop()
+                try:
+                    started[system.name] = Running(system, out / f"{system.name}.log")
+                    started[system.name].wait_ready()
+                except Exception as error:  # noqa: BLE001 - one broken peer must not sink the others
+                    fail(system.name, error, "to start")
+        for round_number in range(1, args.rounds + 1):
+            for system in systems:
+                if not isinstance(results[system.name], list):
+                    continue  # skipped or failed
+                begun = time.time()
+                try:
+                    summaries, records = asyncio.run(serve.run_benchmark(
+                        system.url, workload, system.name, progress=not args.no_progress))
+                except Exception as error:  # noqa: BLE001
+                    fail(system.name, error, f"in round {round_number}")
+                    continue
+                order.append({"round": round_number, "system": system.name,
+                              "started_unix_s": begun, "ended_unix_s": time.time()})
+                print(serve.write_results(out / system.name / f"round-{round_number}", summaries, records),
+                      file=sys.stderr)
+                results[system.name].append(summaries)
+    finally:
+        for running in started.values():
+            running.stop()
 
-    table = compare_table(results)
+    found = report(results, order, args.reference or ("amity" if "amity" in results else None))
+    table = compare_table(found)
     (out / "compare.md").write_text(table)
-    with open(out / "compare.jsonl", "w") as f:
-        for name, summaries in results.items():
-            rows = summaries if isinstance(summaries, list) else [{"system": name,
-                                                                   "status": summaries}]
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-    ran = {n: s for n, s in results.items() if isinstance(s, list)}
-    if ran:
-        serve.plot(ran, out / "compare.png")
+    with open(out / "compare.jsonl", "w") as f:  # every round's summaries, then the report
+        for name, rounds in results.items():
+            if isinstance(rounds, str):
+                f.write(json.dumps({"system": name, "status": rounds}) + "\n")
+                continue
+            for round_number, summaries in enumerate(rounds, 1):
+                f.writelines(json.dumps({**s, "round": round_number}) + "\n" for s in summaries)
+        f.write(json.dumps(found) + "\n")
     print(table)
-    failures = serve.failure_report([s for ss in ran.values() for s in ss])
+    print(json.dumps(found))
+    failures = serve.failure_report([s for rounds in results.values() if isinstance(rounds, list)
+                                     for summaries in rounds for s in summaries])
     if failures:
         print(failures, file=sys.stderr)
-    print(f"results in {out}/ (compare.md, compare.jsonl, compare.png, one folder per system)",
-          file=sys.stderr)
+    print(f"results in {out}/ (compare.md, compare.jsonl, one folder per system and round)", file=sys.stderr)
     broken = any(isinstance(v, str) and v.startswith("failed") for v in results.values())
     return 1 if failures or broken else 0

@@ -9,11 +9,12 @@ kernels"):
 - `auto` (the default): each layer as the file gives its weight (the loader
   records how, file_weights.py). GGUF Q4_0, Q4_1 and Q8_0 blocks run through the
   block kernel (csrc/block_linear.cpp, `BlockLinear`) on the file's bytes, times
-  int8 activations per block of 32 as llama.cpp computes them; a tied LM head
-  reads the embedding's blocks (Q8_0 in the default model). bfloat16 weights run
-  in `bf16` where the CPU has AVX512-BF16, else in `bf16-weight`; float32 and
-  float16 ones in `none`. Block types without a kernel of ours (Q5_*, K-quants)
-  are widened to bfloat16. The engine turns `auto` into `none` under an explicit
+  int8 activations per block of 32 as llama.cpp computes them, and so do Q4_K and
+  Q6_K super-blocks (`SuperBlockLinear`, k_quants.py); a tied LM head reads the
+  embedding's blocks (Q8_0 in the default model). bfloat16 weights run in `bf16`
+  where the CPU has AVX512-BF16, else in `bf16-weight`; float32 and float16 ones
+  in `none`. Block types without a kernel of ours (Q5_*, Q2_K, Q3_K, Q5_K) are
+  widened to bfloat16. The engine turns `auto` into `none` under an explicit
   `--dtype float32` (`resolve_scheme`): the float32 reference path.
 
 - `none`: the loaded float32 or bfloat16 weights, in the panel layout of our C++
@@ -67,6 +68,7 @@ from torch import nn
 
 from amity.models.cpu_kernels import cpu_has
 from amity.models.file_weights import FileWeight
+from amity.models.k_quants import SUB_BLOCK, SUPER_BLOCK, KQuantBlocks, k_quant_blocks
 from amity.models.llama import MergedLinear
 
 logger = logging.getLogger(__name__)
@@ -163,7 +165,7 @@ class PackedLinear(_PanelLinear):
 
 
 # csrc/block_linear.cpp's formats: GGUF block type -> the kernel's format number.
-BLOCK_FORMATS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
+BLOCK_FORMATS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "Q4_K": 3, "Q6_K": 4}
 _FILE_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # ggml's block_q4_0, block_q4_1, block_q8_0
 
 
@@ -205,6 +207,27 @@ def q4_1_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
     return q.reshape(out_features, in_features).to(torch.uint8), d.half(), low.half()
 
 
+def _quads(q: torch.Tensor, nibbles: bool) -> torch.Tensor:
+    """q [padded out, in] uint8 -> csrc/block_linear.cpp's quads, [panel, block of 32
+    inputs, 8 quads x (64 or 128) bytes]: per quad of 4 inputs, 4-bit q as byte
+    4i + j = output i's (low nibble) and output i + 16's (high nibble) input j, or
+    one byte each, outputs 0-15 then 16-31."""
+    num_panels, num_blocks = q.shape[0] // PANEL_ROWS, q.shape[1] // Q4_1_BLOCK
+    # [panel, block, quad, output, input in quad]
+    q = q.reshape(num_panels, PANEL_ROWS, num_blocks, Q4_1_BLOCK // 4, 4).permute(0, 2, 3, 1, 4)
+    if nibbles:
+        q = q[:, :, :, :16] | (q[:, :, :, 16:] << 4)
+    return q.reshape(num_panels, num_blocks, -1)
+
+
+def _per_panel(scales: torch.Tensor) -> torch.Tensor:
+    """[padded out, groups, ...] (one value per output and group) -> [panel, group,
+    bytes]: a group's values for the panel's 32 outputs side by side, as bytes."""
+    num_panels = scales.shape[0] // PANEL_ROWS
+    by_panel = scales.reshape(num_panels, PANEL_ROWS, scales.shape[1], -1).transpose(1, 2)  # [panel, group, out, ...]
+    return by_panel.transpose(2, 3).contiguous().view(torch.uint8).reshape(num_panels, scales.shape[1], -1)
+
+
 class BlockLinear(_PanelLinear):
     """Weights in a GGUF block format (`kind`: Q4_0, Q4_1 or Q8_0) in the panels of
     csrc/block_linear.cpp, [N / 32, K / 32, block bytes] uint8, times int8
@@ -218,23 +241,67 @@ class BlockLinear(_PanelLinear):
         if in_features % Q4_1_BLOCK:
             raise ValueError(f"{kind} needs in_features divisible by {Q4_1_BLOCK}, got {in_features}")
         pad = (0, 0, 0, self.padding_rows)  # zero scales: padded rows give zeros
-        q, d = F.pad(q, pad), F.pad(d, pad)
-        num_panels, num_blocks = q.shape[0] // PANEL_ROWS, in_features // Q4_1_BLOCK
-        # [panel, block, quad, output, input in quad]
-        q = q.reshape(num_panels, PANEL_ROWS, num_blocks, Q4_1_BLOCK // 4, 4).permute(0, 2, 3, 1, 4)
-        if kind == "Q8_0":
-            quads = q.reshape(num_panels, num_blocks, -1)
-        else:  # byte 4i + j of a quad: output i in its low nibble, output i + 16 in its high one
-            quads = (q[:, :, :, :16] | (q[:, :, :, 16:] << 4)).reshape(num_panels, num_blocks, -1)
-
-        def per_block(scales: torch.Tensor) -> torch.Tensor:  # [out, block] float16 -> [panel, block, 64] bytes
-            return scales.reshape(num_panels, PANEL_ROWS, num_blocks).transpose(1, 2).contiguous().view(torch.uint8)
-
-        parts = [quads, per_block(d)] + ([per_block(F.pad(m, pad))] if m is not None else [])
+        quads = _quads(F.pad(q, pad), nibbles=kind != "Q8_0")
+        parts = [quads, _per_panel(F.pad(d, pad))] + ([_per_panel(F.pad(m, pad))] if m is not None else [])
         self.register_buffer("weight_packed", torch.cat(parts, dim=-1).contiguous())
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.amity.block_linear(x, self.weight_packed, self.format, self.bias)
+
+
+def _six_bit_tops(tops: torch.Tensor) -> torch.Tensor:
+    """Q6_K's top 2 bits of q, [padded out, in] -> [panel, block, quad, 32] bytes: in
+    a quad's VNNI lane bytes (4i + j: output i's input j; outputs 0-15 in one vector,
+    16-31 in the other), byte c holds the first vector's lane bytes c and c + 32 in
+    bits 0-1 and 2-3, the second's in bits 4-5 and 6-7 (csrc/block_linear.cpp)."""
+    num_panels, num_blocks = tops.shape[0] // PANEL_ROWS, tops.shape[1] // Q4_1_BLOCK
+    lanes = tops.reshape(num_panels, PANEL_ROWS, num_blocks, Q4_1_BLOCK // 4, 4).permute(0, 2, 3, 1, 4)
+    lanes = lanes.reshape(num_panels, num_blocks, Q4_1_BLOCK // 4, 2, 64)  # [.., vector, lane byte]
+    return (lanes[..., 0, :32] | (lanes[..., 0, 32:] << 2) | (lanes[..., 1, :32] << 4)
+            | (lanes[..., 1, 32:] << 6))
+
+
+class SuperBlockLinear(_PanelLinear):
+    """Weights in a GGUF K-quant (`Q4_K`, `Q6_K`; k_quants.py) in the super-block
+    panels of csrc/block_linear.cpp, [N / 32, K / 256, super-block bytes] uint8:
+    per panel and 256 inputs, d (and dmin) for its 32 outputs, then each
+    sub-block's sc (then each's m), then the quads as BlockLinear's 4-bit ones
+    (Q6_K: each quad followed by its q's top 2 bits, `_six_bit_tops`). Same int8
+    activations per block of 32 as BlockLinear."""
+
+    def __init__(self, linear: nn.Linear, blocks: KQuantBlocks):
+        super().__init__(linear)
+        self.format = BLOCK_FORMATS[blocks.kind]
+        in_features = blocks.q.shape[1]
+        if in_features % SUPER_BLOCK:
+            raise ValueError(f"{blocks.kind} needs in_features divisible by {SUPER_BLOCK}, got {in_features}")
+        pad = (0, 0, 0, self.padding_rows)  # zero scales: padded rows give zeros
+        num_supers = in_features // SUPER_BLOCK
+
+        def per_super(values: torch.Tensor) -> torch.Tensor:  # [out, n x per super] -> [panel, super, bytes]
+            return _per_panel(F.pad(values, pad).reshape(values.shape[0] + self.padding_rows, num_supers, -1))
+
+        q = F.pad(blocks.q, pad)
+        quads = _quads(q & 15, nibbles=True)
+        if blocks.kind == "Q6_K":
+            quads = torch.cat([quads.reshape(*quads.shape[:2], -1, 64), _six_bit_tops(q >> 4)], dim=-1)
+        quads = quads.reshape(quads.shape[0], num_supers, -1)
+        fields = [blocks.d, blocks.dmin, blocks.sc, blocks.m]
+        parts = [per_super(f) for f in fields if f is not None] + [quads]
+        self.register_buffer("weight_packed", torch.cat(parts, dim=-1).contiguous())
+
+    def kernel(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.amity.block_linear(x, self.weight_packed, self.format, self.bias)
+
+
+def file_block_layer(linear: nn.Linear, kind: str, shards: list[torch.Tensor]) -> nn.Module:
+    """The block kernel's layer for a GGUF block type, from the raw bytes of each
+    shard of `linear` ([out, bytes per row] uint8 as the file holds them), in order."""
+    if kind in SUB_BLOCK:
+        return SuperBlockLinear(linear, KQuantBlocks.cat([k_quant_blocks(kind, rows) for rows in shards]))
+    parts = [file_blocks(kind, rows) for rows in shards]
+    q, d, m = (None if part[0] is None else torch.cat(part) for part in zip(*parts))
+    return BlockLinear(linear, kind, q, d, m)
 
 
 def q4_1_linear(linear: nn.Linear) -> BlockLinear:
@@ -291,15 +358,13 @@ def _file_layer(linear: nn.Linear, formats: list[FileWeight]) -> nn.Module:
     kinds = {f.kind for f in formats}
     kind = next(iter(kinds)) if len(kinds) == 1 else None
     if kind in BLOCK_FORMATS:
-        parts = [file_blocks(kind, f.blocks()) for f in formats]
-        q, d, m = (None if part[0] is None else torch.cat(part) for part in zip(*parts))
-        return BlockLinear(linear, kind, q, d, m)
+        return file_block_layer(linear, kind, [f.blocks() for f in formats])
     if kind == "bfloat16":
         return _LAYERS[_bfloat16_scheme()](linear)
     if not formats or kinds <= {"float32", "float16"}:  # float16 widens to float32 exactly
         return PackedLinear(linear, "loaded")
-    # A block type without a kernel of ours (Q5_*, K-quants) or shards of different
-    # types: bfloat16, as llama.cpp's converters widen what they cannot keep.
+    # A block type without a kernel of ours (Q5_*, Q2_K, Q3_K, Q5_K) or shards of
+    # different types: bfloat16, as llama.cpp's converters widen what they cannot keep.
     logger.info("%s weights (%s) run in bfloat16: no kernel for them as they are",
                 "/".join(sorted(kinds)), "x".join(map(str, linear.weight.shape)))
     return _LAYERS[_bfloat16_scheme()](linear)

@@ -119,7 +119,9 @@ def tiny_state_dict(config) -> dict[str, torch.Tensor]:
             if not (config.tie_word_embeddings and k == "lm_head.weight")}
 
 
-def write_gguf(path, arch: str, config, sd, qtype: Q, extra=None) -> None:
+def write_gguf(path, arch: str, config, sd, qtype, extra=None, quantize=gguf.quants.quantize) -> None:
+    """`qtype`: one type for every matrix, or a function of the GGUF tensor name."""
+    qtype_of = qtype if callable(qtype) else lambda _name: qtype
     w = gguf.GGUFWriter(path, arch)
     w.add_block_count(config.num_hidden_layers)
     w.add_context_length(config.max_position_embeddings)
@@ -147,12 +149,13 @@ def write_gguf(path, arch: str, config, sd, qtype: Q, extra=None) -> None:
             a = llamacpp_permute(a, config.num_attention_heads)
         elif arch == "llama" and "k_proj" in name:
             a = llamacpp_permute(a, config.num_key_value_heads)
-        if a.ndim == 1 or qtype == Q.F32:  # llama.cpp keeps norms and biases in F32
+        kind = qtype_of(gguf_name(name))
+        if a.ndim == 1 or kind == Q.F32:  # llama.cpp keeps norms and biases in F32
             w.add_tensor(gguf_name(name), a.astype(np.float32))
-        elif qtype == Q.F16:
+        elif kind == Q.F16:
             w.add_tensor(gguf_name(name), a.astype(np.float16))
         else:
-            w.add_tensor(gguf_name(name), gguf.quants.quantize(a, qtype), raw_dtype=qtype)
+            w.add_tensor(gguf_name(name), quantize(a, kind), raw_dtype=kind)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

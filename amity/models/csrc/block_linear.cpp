@@ -6,7 +6,15 @@
 //     Q4_0: d dx sum_k((q_k - 8) qx_k)             (w = d (q - 8), q 4-bit)
 //     Q4_1: d dx sum_k(q_k qx_k) + m (dx sum_k qx_k) (w = d q + m, q 4-bit)
 //     Q8_0: d dx sum_k(q_k qx_k)                    (w = d q, q int8)
-// with d and m the file's float16 scales. The weights stream at 4.5-8.5 bits
+// with d and m the file's float16 scales. GGUF's K-quants group 256 inputs in a
+// super-block with a float16 d (and dmin) and small integer scales per
+// sub-block; their sub-blocks take the same int8 activation blocks of 32:
+//     Q4_K: (d sc) dx sum_k(q_k qx_k) - (dmin m) (dx sum_k qx_k)   per 32 inputs
+//           (w = d sc q - dmin m, q 4-bit, sc and m 6-bit)
+//     Q6_K: (d sc) dx sum_k((q_k - 32) qx_k)                      per 16 inputs
+//           (w = d sc (q - 32), q 6-bit, sc int8)
+// with d sc and dmin m exact in float32 (at most 19 significant bits), so the
+// weights are exactly those gguf-py's dequantize gives. The weights stream at 4.5-8.5 bits
 // each and one instruction does the work of four float32 fmas, so a single
 // stream is bound by memory and a prefill by int8 throughput.
 //
@@ -23,6 +31,13 @@
 // outputs 0-15 and the high ones for 16-31. 8-bit quads are 128 bytes, outputs
 // 0-15 then 16-31, each q stored as q + 128 (VNNI multiplies unsigned by signed
 // bytes; the 128 comes off the integer sum exactly, as Q4_0's 8 does).
+// K-quants: [N / 32, K / 256, SUPER_BYTES], a super-block per panel: d[32] (and
+// Q4_K's dmin[32]) float16, then per sub-block sc[32] (Q4_K: then m[32] after all
+// sc), one byte each, then the 8 blocks' quads as above: Q4_K's 4-bit; Q6_K's q
+// (0-63, zero point 32) as 96 bytes: their low 4 bits as a 4-bit quad, then 32
+// bytes of their top 2 bits, byte c holding those of VNNI lane bytes c and c + 32
+// of outputs 0-15 (bits 0-1, 2-3), then of outputs 16-31 (bits 4-5, 6-7), so one
+// broadcast and two shifts put every top at bits 4-5 of its lane byte.
 
 #include <torch/extension.h>
 
@@ -47,33 +62,54 @@ constexpr int64_t NR = 32;  // outputs per panel
 constexpr int64_t KB = 32;  // inputs per block
 constexpr int MR = 8;       // tokens per tile: 16 int32 sums in registers
 
-enum Format : int64_t { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 };
+enum Format : int64_t { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, Q4_K = 3, Q6_K = 4 };
 
 template <int F>
 struct Layout {
-  static constexpr bool nibbles = F != Q8_0;
-  static constexpr int64_t quad_bytes = nibbles ? 64 : 128;
+  static constexpr int bits = F == Q8_0 ? 8 : F == Q6_K ? 6 : 4;         // per stored q
+  static constexpr bool nibbles = bits != 8;                              // the low 4 bits as 4-bit quads
+  static constexpr int64_t quad_bytes = bits == 4 ? 64 : bits == 6 ? 96 : 128;
   static constexpr int64_t scales = KB / 4 * quad_bytes;                   // offset of d[NR]
   static constexpr int64_t block_bytes = scales + (F == Q4_1 ? 2 : 1) * NR * 2;
-  static constexpr int32_t zero = F == Q4_0 ? 8 : F == Q8_0 ? 128 : 0;   // stored q - zero = q
+  static constexpr int32_t zero = F == Q4_0 ? 8 : F == Q8_0 ? 128 : F == Q6_K ? 32 : 0;  // stored q - zero = q
   static constexpr int64_t ahead = 4096 / block_bytes + 1;                 // blocks prefetched, ~4 KiB
+  // K-quants: a super-block of 256 inputs, scales per sub-block of `sub` inputs.
+  static constexpr bool super = F == Q4_K || F == Q6_K;
+  static constexpr int64_t sub = F == Q6_K ? 16 : 32;
+  static constexpr int64_t subs = 256 / sub;
+  static constexpr int64_t sc_at = F == Q4_K ? 4 * NR : 2 * NR;            // after d (and dmin)
+  static constexpr int64_t m_at = sc_at + subs * NR;                       // Q4_K's mins
+  static constexpr int64_t quads_at = sc_at + (F == Q4_K ? 2 : 1) * subs * NR;
+  static constexpr int64_t super_bytes = quads_at + 256 / 4 * quad_bytes;
+  // What a panel is made of: blocks of 32 inputs, or super-blocks of 256.
+  static constexpr int64_t unit_inputs = super ? 256 : KB;
+  static constexpr int64_t unit_bytes = super ? super_bytes : block_bytes;
 };
 
-int64_t block_bytes(int64_t format) {
-  return format == Q4_0 ? Layout<Q4_0>::block_bytes : format == Q4_1 ? Layout<Q4_1>::block_bytes
-                                                                      : Layout<Q8_0>::block_bytes;
+int64_t unit_bytes(int64_t format) {
+  switch (format) {
+    case Q4_0: return Layout<Q4_0>::unit_bytes;
+    case Q4_1: return Layout<Q4_1>::unit_bytes;
+    case Q8_0: return Layout<Q8_0>::unit_bytes;
+    case Q4_K: return Layout<Q4_K>::unit_bytes;
+    default: return Layout<Q6_K>::unit_bytes;
+  }
 }
 
+int64_t unit_inputs(int64_t format) { return format == Q4_K || format == Q6_K ? 256 : KB; }
+
 // A token's activations per block of 32: q = round(x * (1 / dx)) (ties to even)
-// with dx = max|x| / 127, n = sum(q), and s = dx * n for Q4_1's offsets.
+// with dx = max|x| / 127, n = sum(q), and s = dx * n for Q4_1's offsets; h holds
+// the sums of each half (Q6_K's sub-blocks of 16).
 struct Activations {
   const int8_t* q;   // [T, K]
   const float* d;    // [T, K / 32]
   const float* s;    // [T, K / 32]
   const int32_t* n;  // [T, K / 32]
+  const int32_t* h;  // [T, K / 16]
 };
 
-void quantize_block(const float* x, int8_t* q, float& d, float& s, int32_t& n) {
+void quantize_block(const float* x, int8_t* q, float& d, float& s, int32_t& n, int32_t* h) {
 #ifdef AMITY_BLOCK_VNNI
   const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
@@ -84,18 +120,21 @@ void quantize_block(const float* x, int8_t* q, float& d, float& s, int32_t& n) {
   const __m512i q_hi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, inverse));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(q_lo));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(q_hi));
-  n = _mm512_reduce_add_epi32(_mm512_add_epi32(q_lo, q_hi));
+  h[0] = _mm512_reduce_add_epi32(q_lo);
+  h[1] = _mm512_reduce_add_epi32(q_hi);
+  n = h[0] + h[1];
 #else
   float amax = 0.f;
   for (int64_t k = 0; k < KB; ++k) amax = std::max(amax, std::fabs(x[k]));
   d = amax / 127.f;
   const float inverse = d != 0.f ? 1.f / d : 0.f;
-  n = 0;
+  h[0] = h[1] = 0;
   for (int64_t k = 0; k < KB; ++k) {
     const int v = std::clamp(static_cast<int>(std::nearbyint(x[k] * inverse)), -127, 127);
     q[k] = static_cast<int8_t>(v);
-    n += v;
+    h[k / 16] += v;
   }
+  n = h[0] + h[1];
 #endif
   s = d * static_cast<float>(n);
 }
@@ -182,6 +221,127 @@ void tile(const uint8_t* panel, int64_t K, const Activations& a, int64_t m0, flo
 #endif
 }
 
+// K-quants: acc[m][0 .. NR) += the panel's outputs for M tokens from m0, every
+// super-block; one float step per sub-block (and its min), in input order.
+template <int F, int M>
+void tile_super(const uint8_t* panel, int64_t K, const Activations& a, int64_t m0, float* acc) {
+  using L = Layout<F>;
+  const int64_t num_blocks = K / KB;
+  constexpr int64_t quads_per_sub = L::sub / 4;
+#ifdef AMITY_BLOCK_VNNI
+  const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
+  // Q6_K's tops: lane bytes 0-31 from bits 0-1 (4-5), 32-63 from bits 2-3 (6-7).
+  const __m512i lo_shift = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4), hi_shift = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
+  // Prefetched ~4 KiB ahead, a sub-block's share of the super-block at a time.
+  constexpr int64_t chunk = L::super_bytes / L::subs, ahead = 4096 / chunk + 1;
+  for (int64_t sb = 0; sb < K / 256; ++sb) {
+    const uint8_t* super = panel + sb * L::super_bytes;
+    const __m512 d[2] = {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super))),
+                         _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + 32)))};
+    __m512 dmin[2];
+    if constexpr (F == Q4_K)
+      for (int h = 0; h < 2; ++h)
+        dmin[h] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + 64 + 32 * h)));
+    for (int64_t s = 0; s < L::subs; ++s) {
+      for (int64_t line = 0; line < chunk; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(super + (s + ahead) * chunk + line), _MM_HINT_T0);
+      const uint8_t* quads = super + L::quads_at + s * quads_per_sub * L::quad_bytes;
+      const int64_t input = sb * 256 + s * L::sub;
+      __m512i sum[M][2];
+      for (int m = 0; m < M; ++m) sum[m][0] = sum[m][1] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int64_t g = 0; g < quads_per_sub; ++g) {
+        __m512i lo, hi;
+        if constexpr (L::nibbles) {
+          const __m512i v = _mm512_loadu_si512(quads + g * L::quad_bytes);
+          lo = _mm512_and_si512(v, low4);
+          hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+          if constexpr (L::bits == 6) {
+            const __m512i tops = _mm512_broadcast_i64x4(
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quads + g * L::quad_bytes + 64)));
+            lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_sllv_epi64(tops, lo_shift), top2));
+            hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srlv_epi64(tops, hi_shift), top2));
+          }
+        } else {
+          lo = _mm512_loadu_si512(quads + g * L::quad_bytes);
+          hi = _mm512_loadu_si512(quads + g * L::quad_bytes + 64);
+        }
+        for (int m = 0; m < M; ++m) {
+          int32_t four;
+          std::memcpy(&four, a.q + (m0 + m) * K + input + g * 4, 4);
+          const __m512i xq = _mm512_set1_epi32(four);
+          sum[m][0] = _mm512_dpbusd_epi32(sum[m][0], lo, xq);
+          sum[m][1] = _mm512_dpbusd_epi32(sum[m][1], hi, xq);
+        }
+      }
+      // d sc and dmin m: exact products of a float16 and a small integer.
+      __m512 scale[2], offset[2];
+      for (int h = 0; h < 2; ++h) {
+        const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(super + L::sc_at + s * NR + 16 * h));
+        const __m512i sc32 = F == Q6_K ? _mm512_cvtepi8_epi32(sc) : _mm512_cvtepu8_epi32(sc);
+        scale[h] = _mm512_mul_ps(d[h], _mm512_cvtepi32_ps(sc32));
+        if constexpr (F == Q4_K) {
+          const __m128i mn = _mm_loadu_si128(reinterpret_cast<const __m128i*>(super + L::m_at + s * NR + 16 * h));
+          offset[h] = _mm512_mul_ps(dmin[h], _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn)));
+        }
+      }
+      for (int m = 0; m < M; ++m) {
+        const int64_t row = (m0 + m) * num_blocks + input / KB;
+        const __m512 dx = _mm512_set1_ps(a.d[row]);
+        const __m512i correction = _mm512_set1_epi32(L::zero * a.h[(m0 + m) * (K / 16) + input / 16]);
+        for (int h = 0; h < 2; ++h) {
+          float* c = acc + m * NR + h * 16;
+          const __m512i exact = L::zero ? _mm512_sub_epi32(sum[m][h], correction) : sum[m][h];
+          __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(scale[h], dx), _mm512_loadu_ps(c));
+          if constexpr (F == Q4_K) v = _mm512_fnmadd_ps(offset[h], _mm512_set1_ps(a.s[row]), v);
+          _mm512_storeu_ps(c, v);
+        }
+      }
+    }
+  }
+#else
+  // Other CPUs: the same integer sums and float steps, one output at a time.
+  for (int64_t sb = 0; sb < K / 256; ++sb) {
+    const uint8_t* super = panel + sb * L::super_bytes;
+    const c10::Half* d = reinterpret_cast<const c10::Half*>(super);
+    for (int64_t s = 0; s < L::subs; ++s) {
+      const uint8_t* quads = super + L::quads_at + s * quads_per_sub * L::quad_bytes;
+      const int64_t input = sb * 256 + s * L::sub;
+      for (int m = 0; m < M; ++m) {
+        const int8_t* xq = a.q + (m0 + m) * K + input;
+        const int64_t row = (m0 + m) * num_blocks + input / KB;
+        for (int64_t n = 0; n < NR; ++n) {
+          int32_t sum = 0;
+          for (int64_t k = 0; k < L::sub; ++k) {
+            int32_t stored;
+            if constexpr (L::nibbles) {
+              const int64_t lane = (n % 16) * 4 + k % 4;
+              const uint8_t byte = quads[k / 4 * L::quad_bytes + lane];
+              stored = n < 16 ? byte & 15 : byte >> 4;
+              if constexpr (L::bits == 6) {
+                const uint8_t tops = quads[k / 4 * L::quad_bytes + 64 + lane % 32];
+                stored |= ((tops >> ((n < 16 ? 0 : 4) + (lane < 32 ? 0 : 2))) & 3) << 4;
+              }
+            } else {
+              stored = quads[k / 4 * L::quad_bytes + (n / 16) * 64 + (n % 16) * 4 + k % 4];
+            }
+            sum += stored * xq[k];
+          }
+          sum -= L::zero * a.h[(m0 + m) * (K / 16) + input / 16];
+          const float sc = F == Q6_K ? static_cast<float>(static_cast<int8_t>(super[L::sc_at + s * NR + n]))
+                                     : static_cast<float>(super[L::sc_at + s * NR + n]);
+          float& c = acc[m * NR + n];
+          c = std::fma(static_cast<float>(sum), (static_cast<float>(d[n]) * sc) * a.d[row], c);
+          if constexpr (F == Q4_K)
+            c = std::fma(-(static_cast<float>(d[NR + n]) * static_cast<float>(super[L::m_at + s * NR + n])),
+                         a.s[row], c);
+        }
+      }
+    }
+  }
+#endif
+}
+
 struct Problem {
   Activations a;
   const uint8_t* weight;
@@ -192,13 +352,17 @@ struct Problem {
 
 template <int F>
 void run_panel(const Problem& pb, int64_t panel) {
-  const uint8_t* w = pb.weight + panel * (pb.K / KB) * Layout<F>::block_bytes;
+  const uint8_t* w = pb.weight + panel * (pb.K / Layout<F>::unit_inputs) * Layout<F>::unit_bytes;
   alignas(64) float acc[MR * NR];
   for (int64_t m0 = 0; m0 < pb.T; m0 += MR) {
     const int64_t count = std::min<int64_t>(MR, pb.T - m0);
     std::fill(acc, acc + count * NR, 0.f);
     switch (count) {
-#define AMITY_TILE(M) case M: tile<F, M>(w, pb.K, pb.a, m0, acc); break;
+#define AMITY_TILE(M)                                           \
+  case M:                                                         \
+    if constexpr (Layout<F>::super) tile_super<F, M>(w, pb.K, pb.a, m0, acc); \
+    else tile<F, M>(w, pb.K, pb.a, m0, acc);                      \
+    break;
       AMITY_TILE(1) AMITY_TILE(2) AMITY_TILE(3) AMITY_TILE(4) AMITY_TILE(5) AMITY_TILE(6)
       AMITY_TILE(7) AMITY_TILE(8)
 #undef AMITY_TILE
@@ -226,36 +390,43 @@ void run(const Problem& pb, bool parallel) {
 
 }  // namespace
 
-// x [T, K] float32 or bfloat16, K a multiple of 32; weight [N / 32, K / 32,
-// block bytes] uint8 as above; format 0 (Q4_0), 1 (Q4_1) or 2 (Q8_0); bias [N]
-// or undefined. Returns [T, N] in x's dtype.
+// x [T, K] float32 or bfloat16, K a multiple of 32 (256 for K-quants); weight
+// [N / 32, K / 32, block bytes] (K-quants: [N / 32, K / 256, super-block bytes])
+// uint8 as above; format 0 (Q4_0), 1 (Q4_1), 2 (Q8_0), 3 (Q4_K) or 4 (Q6_K);
+// bias [N] or undefined. Returns [T, N] in x's dtype.
 at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t format,
                         const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "amity::block_linear takes a 2-D CPU input");
-  TORCH_CHECK(format == Q4_0 || format == Q4_1 || format == Q8_0, "amity::block_linear: unknown format");
-  TORCH_CHECK(weight.scalar_type() == at::kByte && weight.dim() == 3 && weight.size(2) == block_bytes(format) &&
+  TORCH_CHECK(format >= Q4_0 && format <= Q6_K, "amity::block_linear: unknown format");
+  TORCH_CHECK(weight.scalar_type() == at::kByte && weight.dim() == 3 && weight.size(2) == unit_bytes(format) &&
                   weight.is_contiguous(),
-              "amity::block_linear: weight must be contiguous uint8 [N / 32, K / 32, block bytes]");
-  TORCH_CHECK(weight.size(1) * KB == x.size(1), "weight and input disagree on in_features");
+              "amity::block_linear: weight must be contiguous uint8 [N / 32, K / block inputs, block bytes]");
+  TORCH_CHECK(weight.size(1) * unit_inputs(format) == x.size(1), "weight and input disagree on in_features");
   const int64_t T = x.size(0), K = x.size(1), N = weight.size(0) * NR;
   const at::Tensor x32 = contiguous_as(x, at::kFloat);
   const at::Tensor bias32 = bias.has_value() ? contiguous_as(*bias, at::kFloat) : at::Tensor();
   at::Tensor x_q = at::empty({T, K}, x.options().dtype(at::kChar));
   at::Tensor x_scales = at::empty({2, T, K / KB}, x32.options());
-  at::Tensor x_sums = at::empty({T, K / KB}, x.options().dtype(at::kInt));
+  at::Tensor x_sums = at::empty({T, K / KB + K / 16}, x.options().dtype(at::kInt));
   at::Tensor out = at::empty({T, N}, x32.options());
   const float* xp = x32.data_ptr<float>();
   int8_t* qp = x_q.data_ptr<int8_t>();
   float* dp = x_scales.data_ptr<float>();
   float* sp = dp + T * (K / KB);
   int32_t* np = x_sums.data_ptr<int32_t>();
-  for (int64_t i = 0; i < T * (K / KB); ++i) quantize_block(xp + i * KB, qp + i * KB, dp[i], sp[i], np[i]);
-  const Problem pb{{qp, dp, sp, np}, weight.data_ptr<uint8_t>(),
+  int32_t* hp = np + T * (K / KB);
+  for (int64_t i = 0; i < T * (K / KB); ++i)
+    quantize_block(xp + i * KB, qp + i * KB, dp[i], sp[i], np[i], hp + 2 * i);
+  const Problem pb{{qp, dp, sp, np, hp}, weight.data_ptr<uint8_t>(),
                    bias32.defined() ? bias32.data_ptr<float>() : nullptr, out.data_ptr<float>(), T, K, N};
   const bool parallel = T > 0 && weight.numel() >= (128 << 10);  // waking a thread pays past ~64 KiB each
-  if (format == Q4_0) run<Q4_0>(pb, parallel);
-  else if (format == Q4_1) run<Q4_1>(pb, parallel);
-  else run<Q8_0>(pb, parallel);
+  switch (format) {
+    case Q4_0: run<Q4_0>(pb, parallel); break;
+    case Q4_1: run<Q4_1>(pb, parallel); break;
+    case Q8_0: run<Q8_0>(pb, parallel); break;
+    case Q4_K: run<Q4_K>(pb, parallel); break;
+    default: run<Q6_K>(pb, parallel); break;
+  }
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
