@@ -57,10 +57,9 @@ def _embedding():
 def retrieve(request: Request, body: s.ServerlessKnowledgeRetrievalBody,
              who: Caller = Depends(caller)):
     knowledge = _knowledge(request)
-    embedder = knowledge.require_embedder()
     with _embedding():
-        hits = search.retrieve(request.app.state.sessions, embedder, knowledge.cache, who,
-                               body.knowledgeIds[0], body.query, body.k)
+        hits = search.retrieve(request.app.state.sessions, knowledge.require_embedder,
+                               knowledge.cache, who, body.knowledgeIds[0], body.query, body.k)
     return s.ServerlessKnowledgeRetrievalSuccess(results=[
         s.KnowledgeRetrievedChunk(text=h.text, score=h.score, contentChunkId=h.chunk_id,
                                   contentId=h.document_id) for h in hits])
@@ -114,7 +113,6 @@ def delete_knowledge(knowledge_id: Name = KnowledgeId, who: Caller = Depends(cal
 def add_files(request: Request, body: s.AddDocumentsRequest, knowledge_id: Name = KnowledgeId,
               who: Caller = Depends(caller)):
     knowledge, state = _knowledge(request), request.app.state
-    embedder = knowledge.require_embedder()
     if len(set(body.fileIds)) != len(body.fileIds):
         raise ApiError(422, "a file is named twice in `fileIds`", loc=("body", "fileIds"),
                        type="value_error")
@@ -124,6 +122,7 @@ def add_files(request: Request, body: s.AddDocumentsRequest, knowledge_id: Name 
             if bases.document_exists(session, base, file_id):
                 raise ApiError(409, f"the file {file_id} is in the knowledge base already",
                                loc=("body", "fileIds"), type="conflict")
+    embedder = knowledge.require_embedder()
     files = StoreFiles(state.sessions, state.objects, who, state.config.file_ttl_s)
     prepared = []
     for i, file_id in enumerate(body.fileIds):
@@ -147,13 +146,13 @@ def upload_document(request: Request, knowledge_id: Name = KnowledgeId,
                     file: UploadFile = File(description="A .txt, .md or .pdf file."),
                     who: Caller = Depends(caller)):
     knowledge, state = _knowledge(request), request.app.state
-    embedder = knowledge.require_embedder()
     with state.sessions() as session:
         bases.team_base(session, who, knowledge_id)
     data = file.file.read(MAX_FILE_BYTES + 1)
     if len(data) > MAX_FILE_BYTES:
         raise ApiError(422, f"documents may be at most {MAX_FILE_BYTES} bytes",
                        loc=("body", "file"), type="too_large")
+    embedder = knowledge.require_embedder()
     with _embedding():
         prepared = ingest.prepare(embedder, knowledge.sizes, new_id("doc"), file.filename or "", data)
         [document] = ingest.store(state.sessions, who, knowledge_id, embedder.model, [prepared])

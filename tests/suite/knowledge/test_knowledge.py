@@ -10,6 +10,8 @@ import httpx
 import numpy as np
 import pytest
 
+from amity.config import SuiteConfig
+from amity.suite.knowledge.service import Knowledge
 from tests.suite import flows
 from tests.suite.conftest import start_in_process
 from tests.suite.knowledge.corpus import DOCUMENTS, QUESTIONS
@@ -197,10 +199,21 @@ def test_a_request_adds_all_its_files_or_none(knowledge_suite):
     assert client.get(f"/beta/knowledge/{knowledge_id}/document", headers=admin.headers).json() == {"data": []}
 
 
-def test_without_an_embedding_container_the_routes_say_so(suite):
-    client, admin = suite.client, suite.admin
-    knowledge_id = create(client, admin)  # bases can be made and listed
-    response = retrieve(client, admin, knowledge_id, "q")
+def test_without_an_embedding_container_the_routes_say_so(knowledge_suite):
+    client, admin = knowledge_suite.client, knowledge_suite.admin
+    knowledge_id = create(client, admin)
+    assert upload(client, admin, knowledge_id, "a.txt", b"Owls hunt at night.").status_code == 201
+    empty_id = create(client, admin, "empty")
+    # As after a restart without --knowledge-embedding-url.
+    client.app.state.knowledge = Knowledge.from_config(SuiteConfig(), knowledge_suite.sessions)
+    response = retrieve(client, admin, knowledge_id, "owls")
     assert response.status_code == 503
     assert "--knowledge-embedding-url" in response.json()["detail"][0]["msg"]
-    assert upload(client, admin, knowledge_id, "a.txt", b"text").status_code == 503
+    assert upload(client, admin, knowledge_id, "b.txt", b"text").status_code == 503
+    # The request's own faults come first, and an empty base needs no embedder.
+    assert retrieve(client, admin, "kb_unknown", "owls").status_code == 404
+    assert upload(client, admin, "kb_unknown", "b.txt", b"text").status_code == 404
+    assert retrieve(client, admin, empty_id, "owls").json() == {"results": []}
+    # Bases are still listed, and can be deleted.
+    assert len(client.get("/beta/knowledge", headers=admin.headers).json()["data"]) == 2
+    assert client.delete(f"/beta/knowledge/{empty_id}", headers=admin.headers).status_code == 200
