@@ -87,8 +87,16 @@ def test_recall_at_5_on_a_corpus_with_known_answers(tmp_path, embedder_url, hnsw
         suite.client.__exit__(None, None, None)
 
 
-def test_files_api_documents_pdf_listing_and_deletion(knowledge_suite):
-    client, admin = knowledge_suite.client, knowledge_suite.admin
+@pytest.fixture(params=["sqlite", "postgresql"])
+def either_database_suite(request, tmp_path, embedder_url):
+    url = request.getfixturevalue("fresh_postgres") if request.param == "postgresql" else None
+    running = start_in_process(tmp_path / "suite", url, knowledge_embedding_url=embedder_url)
+    yield running
+    running.client.__exit__(None, None, None)
+
+
+def test_files_api_documents_pdf_listing_and_deletion(either_database_suite):
+    client, admin = either_database_suite.client, either_database_suite.admin
     knowledge_id = create(client, admin)
     pdf = make_pdf([["The lighthouse keeper's cat is named Marmalade.",
                      "She sleeps on the lamp room stairs."],
