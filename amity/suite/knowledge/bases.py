@@ -10,7 +10,8 @@ from amity.suite.errors import ApiError, not_found
 from amity.suite.store.models import KnowledgeBase, KnowledgeChunk, KnowledgeDocument, new_id, now_s
 
 
-def team_base(session: Session, who: Caller, knowledge_id: str, loc=("path", "knowledge_id")) -> KnowledgeBase:
+def team_base(session: Session, who: Caller, knowledge_id: str,
+              loc=("path", "knowledge_id")) -> KnowledgeBase:
     base = session.scalar(select(KnowledgeBase).where(KnowledgeBase.id == knowledge_id,
                                                       KnowledgeBase.team_id == who.team_id))
     if base is None:
@@ -88,6 +89,9 @@ def delete_document(session: Session, base: KnowledgeBase, document_id: str) -> 
     if document is None:
         raise not_found("document", document_id, ("path", "document_id"))
     session.delete(document)  # its chunks go with it (ON DELETE CASCADE)
+    session.flush()
+    if counts(session, base)[0] == 0:  # an empty base may take another embedder's vectors
+        base.embedding_model = base.dimension = None
     _bump(session, base)
 
 

@@ -130,7 +130,13 @@ def test_files_api_documents_pdf_listing_and_deletion(either_database_suite):
     assert results and all(r["contentId"] != pdf_id for r in results)
     assert not any("Marmalade" in r["text"] for r in results)
     info = client.get(f"/beta/knowledge/{knowledge_id}", headers=admin.headers).json()
-    assert info["documentCount"] == 2
+    assert info["documentCount"] == 2 and info["embeddingModel"]
+    for document in (md_id, direct.json()["id"]):
+        assert client.delete(f"/beta/knowledge/{knowledge_id}/document/{document}",
+                             headers=admin.headers).status_code == 200
+    info = client.get(f"/beta/knowledge/{knowledge_id}", headers=admin.headers).json()
+    assert (info["documentCount"], info["chunkCount"], info["embeddingModel"]) == (0, 0, None)
+    assert retrieve(client, admin, knowledge_id, "cat").json() == {"results": []}
 
     assert client.delete(f"/beta/knowledge/{knowledge_id}", headers=admin.headers).status_code == 200
     assert retrieve(client, admin, knowledge_id, "cat").status_code == 404
@@ -204,7 +210,8 @@ def test_a_request_adds_all_its_files_or_none(knowledge_suite):
     missing = client.post(f"/beta/knowledge/{knowledge_id}/document",
                           json={"fileIds": [good, "file_nope"]}, headers=admin.headers)
     assert missing.status_code == 404 and missing.json()["detail"][0]["loc"] == ["body", "fileIds", 1]
-    assert client.get(f"/beta/knowledge/{knowledge_id}/document", headers=admin.headers).json() == {"data": []}
+    listed = client.get(f"/beta/knowledge/{knowledge_id}/document", headers=admin.headers)
+    assert listed.json() == {"data": []}
 
 
 def test_without_an_embedding_container_the_routes_say_so(knowledge_suite):
