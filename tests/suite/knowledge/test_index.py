@@ -2,6 +2,7 @@
 recall against exact search on clustered vectors (as embeddings are)."""
 
 import numpy as np
+import pytest
 
 from amity.suite.knowledge.embedder import unit_rows
 from amity.suite.knowledge.index import VectorIndex
@@ -36,6 +37,7 @@ def test_exact_search_ranks_by_cosine_best_first():
     assert index.search(query, 10_000)[-1][1] == float((rows @ query).min())  # k past the end
 
 
+@pytest.mark.slow
 def test_hnsw_recall_against_exact_search():
     rng = np.random.default_rng(1)
     rows = clustered(rng, CORPUS)

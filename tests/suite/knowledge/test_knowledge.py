@@ -43,6 +43,7 @@ def embed(url: str, texts: list[str]) -> np.ndarray:
     return np.stack([np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in answer["data"]])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hnsw_threshold", [20_000, 1], ids=["exact", "hnsw"])
 def test_recall_at_5_on_a_corpus_with_known_answers(tmp_path, embedder_url, hnsw_threshold):
     suite = start_in_process(tmp_path / "suite", knowledge_embedding_url=embedder_url,

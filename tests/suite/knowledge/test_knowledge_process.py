@@ -26,6 +26,7 @@ def amity(*args: str, url: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
+@pytest.mark.slow
 def test_cli_builds_a_base_and_the_sdk_retrieves_from_it(knowledge_process, tmp_path):
     paths = []
     for name in ("history.md", "cooking.txt"):
