@@ -1,5 +1,5 @@
 """The `amity` command line: `amity generate`, `amity serve`, `amity bench`, `amity suite`,
-`amity admin`."""
+`amity admin`, `amity knowledge`."""
 
 import argparse
 import logging
@@ -9,6 +9,7 @@ from amity.bench.cli import add_bench_parser
 from amity.config import (EngineConfig, ServerConfig, StoreConfig, SuiteConfig, add_arguments,
                           from_namespace)
 from amity.suite.admin import add_admin_parser
+from amity.suite.knowledge.cli import add_knowledge_parser
 
 
 def prompt_ids(tokenizer, prompt: str, chat: bool) -> list[int]:
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(suite, StoreConfig)
     suite.set_defaults(func=_suite)
     add_admin_parser(commands)
+    add_knowledge_parser(commands)
     return parser
 
 

@@ -217,7 +217,28 @@ class SuiteConfig:
                             "bubblewrap sandbox (only /usr is visible inside).")
     interpreter_timeout_s: float = _opt(
         20.0, "Wall-clock seconds a code:python-interpreter run may take.")
+    # Knowledge bases (amity/suite/knowledge).
+    knowledge_embedding_url: str | None = _opt(
+        None, "Base URL of a container serving an embedding model (e.g. `amity serve --model "
+              "DIR_OF_all-MiniLM-L6-v2`), which embeds knowledge documents and retrieve queries "
+              "and whose tokenizer sizes the chunks. Default: none (the knowledge routes answer 503).")
+    knowledge_chunk_tokens: int = _opt(
+        128, "Most tokens (the embedder's, without special tokens) in a knowledge chunk.")
+    knowledge_chunk_overlap_tokens: int = _opt(
+        32, "Tokens at most that a knowledge chunk repeats from the end of the one before it.")
+    knowledge_hnsw_threshold: int = _opt(
+        20_000, "Chunks from which a knowledge base is searched through an HNSW index (usearch) "
+                "instead of exactly.")
 
+
+@dataclass
+class SuiteClientConfig:
+    """How `amity knowledge` reaches a running Suite."""
+
+    suite_url: str = _opt("http://127.0.0.1:8000", "Base URL of the Suite.")
+    token: str | None = _opt(None, "A Suite token. Default: FRIENDLI_TOKEN.")
+    team: str | None = _opt(None, "Team to act as (X-Friendli-Team). Default: the token "
+                                  "owner's default team.")
 
 def _declared_type(f: dataclasses.Field):
     return f.type if not isinstance(f.type, str) else eval(f.type, vars(typing), vars(types))  # noqa: S307

@@ -28,6 +28,8 @@ from amity.suite.files.local import LocalStore
 from amity.suite.files.objects import ObjectStore
 from amity.suite.files.s3 import S3Store
 from amity.suite.files.signing import Signer, signing_key
+from amity.suite.knowledge import routes as knowledge_routes
+from amity.suite.knowledge.service import Knowledge
 from amity.suite.replicas.backend import ReplicaFailed, ReplicaSpec
 from amity.suite.replicas.manager import ReplicaManager, open_backend
 from amity.suite.serverless import routes as serverless_routes
@@ -91,6 +93,7 @@ async def running(app: FastAPI):
             container.cancel()
         await controller.close()
         await manager.close()
+        app.state.knowledge.close()
 
 
 async def _start_container(manager: ReplicaManager, model: str, registry: Path) -> None:
@@ -117,8 +120,9 @@ def build_app(config: SuiteConfig, sessions: sessionmaker[Session], objects: Obj
     app.state.catalog = load_catalog(config.catalog)
     app.state.endpoints = StaticEndpoints(config.serverless_model_urls)
     app.state.tool_settings = ToolSettings.from_config(config)
+    app.state.knowledge = Knowledge.from_config(config, sessions)
     install_error_handlers(app)
-    for module in (file_routes, dataset_routes, split_routes, serverless_routes):
+    for module in (file_routes, dataset_routes, split_routes, serverless_routes, knowledge_routes):
         app.include_router(module.router, responses=COMMON_ERRORS)
     app.include_router(transfer.router)
 

@@ -44,9 +44,16 @@ def _operations():
             ("POST", "/beta/dataset/{dataset_id}/split/{split_id}/sample/delete"),
             ("POST", "/objects/upload"), ("GET", "/objects/{key}"),
             ("GET", "/serverless/v1/models"), ("POST", "/serverless/tools/v1/chat/completions"),
-            *ENDPOINT_OPERATIONS]
+            *ENDPOINT_OPERATIONS, *KNOWLEDGE_OPERATIONS]
 
 
+KNOWLEDGE = "/beta/knowledge"
+KNOWLEDGE_OPERATIONS = [
+    ("POST", "/serverless/v1/knowledge/retrieve"), ("POST", KNOWLEDGE), ("GET", KNOWLEDGE),
+    ("GET", KNOWLEDGE + "/{knowledge_id}"), ("DELETE", KNOWLEDGE + "/{knowledge_id}"),
+    ("POST", KNOWLEDGE + "/{knowledge_id}/document"), ("GET", KNOWLEDGE + "/{knowledge_id}/document"),
+    ("POST", KNOWLEDGE + "/{knowledge_id}/document/upload"),
+    ("DELETE", KNOWLEDGE + "/{knowledge_id}/document/{document_id}")]
 ENDPOINT = "/dedicated/beta/endpoint"
 ENDPOINT_OPERATIONS = [
     ("POST", "/dedicated/endpoint/wandb-artifact-create"), ("POST", ENDPOINT), ("GET", ENDPOINT),

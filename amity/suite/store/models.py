@@ -10,7 +10,8 @@ import secrets
 import time
 from datetime import datetime
 
-from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (JSON, BigInteger, DateTime, ForeignKey, Integer, LargeBinary, String, Text,
+                        UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -191,3 +192,49 @@ class EndpointVersion(Base):
     config: Mapped[dict] = mapped_column(JSON)
     comment: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class KnowledgeBase(Base):
+    """A team's knowledge base. `embedding_model` and `dimension` are set by its first
+    document (every vector of a base comes from the same embedder); `revision` grows
+    with every change, so a cached search index knows when it is stale."""
+
+    __tablename__ = "knowledge_bases"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64), unique=True)
+    team_id: Mapped[str] = mapped_column(String(64), _fk("teams.id"), index=True)
+    creator_id: Mapped[str] = mapped_column(String(64), ForeignKey("users.id"))
+    name: Mapped[str] = mapped_column(String(200))
+    embedding_model: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    dimension: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    revision: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class KnowledgeDocument(Base):
+    """A document of a base: its `id` is retrieve's `contentId` (the Files API id when
+    it came from the Files store, `doc_...` when uploaded directly)."""
+
+    __tablename__ = "knowledge_documents"
+    __table_args__ = (UniqueConstraint("base_pk", "id"),)
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64))
+    base_pk: Mapped[int] = mapped_column(Integer, _fk("knowledge_bases.pk"), index=True)
+    name: Mapped[str] = mapped_column(Text)
+    file_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    chunk_count: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class KnowledgeChunk(Base):
+    """A chunk of a document with its unit-length embedding, little-endian float32
+    bytes (`dimension` of them per chunk). `id` is retrieve's `contentChunkId`."""
+
+    __tablename__ = "knowledge_chunks"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64), unique=True)
+    base_pk: Mapped[int] = mapped_column(Integer, _fk("knowledge_bases.pk"), index=True)
+    document_pk: Mapped[int] = mapped_column(Integer, _fk("knowledge_documents.pk"), index=True)
+    position: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+    embedding: Mapped[bytes] = mapped_column(LargeBinary)

@@ -1,0 +1,1 @@
+"""Knowledge bases: ingestion (an amity extension) and the spec's retrieve."""
