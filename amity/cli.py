@@ -8,6 +8,7 @@ import sys
 from amity.bench.cli import add_bench_parser
 from amity.config import (EngineConfig, ServerConfig, StoreConfig, SuiteConfig, add_arguments,
                           from_namespace)
+from amity.omp_wait_policy import apply_omp_wait_policy
 from amity.suite.admin import add_admin_parser
 from amity.suite.knowledge.cli import add_knowledge_parser
 
@@ -23,6 +24,7 @@ def prompt_ids(tokenizer, prompt: str, chat: bool) -> list[int]:
 
 
 def _generate(args: argparse.Namespace) -> None:
+    apply_omp_wait_policy(args.omp_wait_policy)
     from amity.engine.llm_engine import LLMEngine
     from amity.engine.sampling_params import SamplingParams
 
@@ -34,6 +36,7 @@ def _generate(args: argparse.Namespace) -> None:
 
 
 def _serve(args: argparse.Namespace) -> None:
+    apply_omp_wait_policy(args.omp_wait_policy)
     from amity.server.main import serve
 
     sys.exit(serve(from_namespace(EngineConfig, args), from_namespace(ServerConfig, args)))

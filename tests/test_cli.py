@@ -1,7 +1,10 @@
 """`amity generate`: the quickest proof for a new user, run as a user would."""
 
+import os
 import subprocess
 import sys
+
+import pytest
 
 
 def test_generate_prints_a_completion_from_the_default_model():
@@ -40,3 +43,16 @@ def test_chat_prompt_has_one_bos(tiny_tokenizer_dir):
     bos = hf.bos_token_id
     assert prompt_ids(tokenizer, "Hello", chat=False) == [bos, *hf.encode("Hello", add_special_tokens=False)]
     assert prompt_ids(tokenizer, "Hello", chat=True) == [bos, *hf.encode("Hello", add_special_tokens=False)]
+
+
+@pytest.mark.parametrize("policy", ["passive", "active"])
+def test_omp_wait_policy_reaches_the_openmp_runtime(policy):
+    """libgomp reads OMP_WAIT_POLICY once, as torch loads it: the flag must be set by
+    then. OMP_DISPLAY_ENV makes the runtime print what it read; the run itself stops
+    at the missing model, after torch is loaded."""
+    result = subprocess.run(
+        [sys.executable, "-m", "amity.cli", "generate", "hi", "--model", "/nonexistent/model.gguf",
+         "--omp-wait-policy", policy],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_DISPLAY_ENV": "TRUE"})
+    assert result.returncode == 2, result.stderr
+    assert f"OMP_WAIT_POLICY = '{policy.upper()}'" in result.stderr
