@@ -25,7 +25,6 @@ from amity.suite.endpoints.controller import InvalidTransition
 from amity.suite.errors import ApiError, not_found
 from amity.suite.replicas.pool import QueueTimeout
 from amity.suite.replicas.proxy import forward, request_headers
-from amity.suite.store.models import Endpoint
 
 DEDICATED_PATHS = ("/v1/chat/completions", "/v1/chat/render", "/v1/messages", "/v1/completions",
                    "/v1/embeddings", "/v1/tokenize", "/v1/detokenize", "/v1/images/generations",
@@ -54,11 +53,13 @@ async def _read_body(request: Request,
 
 
 def _team_endpoint_id(request: Request, who: Caller, model: str) -> str:
+    # The controller tracks every endpoint with its team: no database session here,
+    # in the event loop (a session waiting for a pooled connection would block the
+    # loop, and with it the requests that would give connections back).
     endpoint_id = model.split(":", 1)[0]
-    with request.app.state.sessions() as session:
-        row = session.query(Endpoint).filter(Endpoint.id == endpoint_id).one_or_none()
-        if row is None or row.team_id != who.team_id:
-            raise not_found("endpoint", endpoint_id, ("body", "model"))
+    live = request.app.state.controller.live.get(endpoint_id)
+    if live is None or live.team_id != who.team_id:
+        raise not_found("endpoint", endpoint_id, ("body", "model"))
     return endpoint_id
 
 
