@@ -67,7 +67,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
     parser.add_argument("--concurrency", default="1,32")
-    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=64,
+                        help="requests per level (at least the level's concurrency)")
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--replica-args", default="--kv-cache-memory 256MiB")
     args = parser.parse_args()
@@ -105,9 +106,9 @@ def main() -> None:
                 "max_tokens": args.output_len, "min_tokens": args.output_len, "stream": True}
         asyncio.run(level(direct, body, {}, 1, 2))  # warm-up
         for c in [int(x) for x in args.concurrency.split(",")]:
-            mine = asyncio.run(level(direct, body, {}, c, args.requests))
-            routed = asyncio.run(level(base + "/dedicated/v1/completions", body, headers, c,
-                                       args.requests))
+            requests = max(args.requests, c)
+            mine = asyncio.run(level(direct, body, {}, c, requests))
+            routed = asyncio.run(level(base + "/dedicated/v1/completions", body, headers, c, requests))
             print(json.dumps({"concurrency": c, "direct": mine, "router": routed,
                               "throughput_cost_pct": 100 * (1 - routed["tokens_per_s"] / mine["tokens_per_s"]),
                               "ttft_added_ms": routed["ttft_ms_median"] - mine["ttft_ms_median"]}),

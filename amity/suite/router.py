@@ -8,84 +8,64 @@ endpoint is woken and the request waits for it (bounded, then a 503 with
 Retry-After); the replica with the fewest outstanding requests takes it, or it
 waits in the endpoint's queue (bounded, then a 429). Replicas serve under the
 endpoint id, so `model` in their answers is the endpoint id and the body goes
-through unchanged, except for one rule (platform-notes §0.3): a body without a
-`stream` field whose Accept header prefers `text/event-stream` over JSON streams
-(friendli 0.12.8's `stream()` sends no `stream` field).
+through unchanged (a multipart one streamed, dedicated_body.py), except for the
+Accept rule of platform-notes §0.3 (friendli 0.12.8's `stream()` sends no `stream`
+field) and the dedicated image shapes (dedicated_images.py).
 """
 
-import json
+from collections.abc import AsyncIterable, Callable
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
+from amity.suite import dedicated_images as images
 from amity.suite.auth import Caller, caller
+from amity.suite.dedicated_body import json_model, multipart_model
 from amity.suite.endpoints.controller import InvalidTransition
 from amity.suite.errors import ApiError, not_found
 from amity.suite.replicas.pool import QueueTimeout
 from amity.suite.replicas.proxy import forward, request_headers
-from amity.suite.store.models import Endpoint
 
 DEDICATED_PATHS = ("/v1/chat/completions", "/v1/chat/render", "/v1/messages", "/v1/completions",
                    "/v1/embeddings", "/v1/tokenize", "/v1/detokenize", "/v1/images/generations",
                    "/v1/images/edits", "/v1/audio/transcriptions", "/classify")
-STREAMABLE = ("/v1/chat/completions", "/v1/completions", "/v1/audio/transcriptions")
 DEFAULT_CONTAINER = "default"
 
 dedicated = APIRouter(tags=["Dedicated.Inference"])
 container = APIRouter(tags=["Container"])
 
 
-def _accept_prefers_sse(accept: str) -> bool:
-    weights = {}
-    for item in accept.split(","):
-        kind, *params = [p.strip() for p in item.split(";")]
-        q = 1.0
-        for param in params:
-            if param.startswith("q="):
-                try:
-                    q = float(param[2:])
-                except ValueError:
-                    q = 0.0
-        weights[kind.lower()] = q
-    sse = weights.get("text/event-stream", 0.0)
-    return sse > 0 and sse > max(weights.get("application/json", 0.0), weights.get("*/*", 0.0))
-
-
-def _body_model(raw: bytes, content_type: str, path: str, accept: str) -> tuple[str, bytes]:
-    """The `model` of a JSON body, and the body to forward."""
-    if not content_type.startswith("application/json") and content_type:
-        raise ApiError(415, "dedicated inference takes a JSON body", loc=("header", "Content-Type"),
-                       type="unsupported_media_type")
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise ApiError(422, "the body is not valid JSON", loc=("body",), type="json_invalid") from None
-    if not isinstance(body, dict):
-        raise ApiError(422, "the body is a JSON object", loc=("body",), type="model_attributes_type")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise ApiError(422, "`model` is required: the endpoint id, or ENDPOINT_ID:ADAPTER_ROUTE",
-                       loc=("body", "model"), type="missing")
-    if path in STREAMABLE and "stream" not in body and _accept_prefers_sse(accept):
-        body["stream"] = True
-        raw = json.dumps(body, ensure_ascii=False).encode()
-    return model, raw
+async def _read_body(request: Request,
+                     path: str) -> tuple[str, bytes | AsyncIterable[bytes], Callable | None]:
+    """(model, the body to forward, the rewrite of a 200 answer or None)."""
+    content_type = request.headers.get("content-type", "")
+    if content_type.lower().startswith("multipart/form-data"):
+        model, body = await multipart_model(content_type, request.stream())
+        return model, body, None
+    if content_type and not content_type.lower().startswith("application/json"):
+        raise ApiError(415, "dedicated inference takes a JSON body (multipart/form-data for "
+                       "audio)", loc=("header", "Content-Type"), type="unsupported_media_type")
+    model, parsed, raw = json_model(await request.body(), path, request.headers.get("accept", ""))
+    if path in images.IMAGE_PATHS:
+        raw, asked = images.to_container(parsed)
+        return model, raw, images.answer_rewriter(asked)
+    return model, raw, None
 
 
 def _team_endpoint_id(request: Request, who: Caller, model: str) -> str:
+    # The controller tracks every endpoint with its team: no database session here,
+    # in the event loop (a session waiting for a pooled connection would block the
+    # loop, and with it the requests that would give connections back).
     endpoint_id = model.split(":", 1)[0]
-    with request.app.state.sessions() as session:
-        row = session.query(Endpoint).filter(Endpoint.id == endpoint_id).one_or_none()
-        if row is None or row.team_id != who.team_id:
-            raise not_found("endpoint", endpoint_id, ("body", "model"))
+    live = request.app.state.controller.live.get(endpoint_id)
+    if live is None or live.team_id != who.team_id:
+        raise not_found("endpoint", endpoint_id, ("body", "model"))
     return endpoint_id
 
 
 def _dedicated_route(path: str):
     async def route(request: Request, who: Caller = Depends(caller)) -> Response:
-        raw = await request.body()
-        model, raw = _body_model(raw, request.headers.get("content-type", ""), path,
-                                 request.headers.get("accept", ""))
+        model, body, rewrite = await _read_body(request, path)
         endpoint_id = _team_endpoint_id(request, who, model)
         controller, config = request.app.state.controller, request.app.state.config
         try:
@@ -99,15 +79,20 @@ def _dedicated_route(path: str):
             replica = await replicas.acquire(config.queue_timeout_s)
         except QueueTimeout as error:
             raise ApiError(429, str(error), loc=("body", "model"), type="queue_timeout") from None
-        headers = request_headers(request, drop=("authorization", "x-friendli-team", "accept-encoding"))
-        return await forward(request.app.state.replicas.client, replica.url + path, request, raw,
-                             lambda: replicas.release(replica), headers)
+        # A body that goes on unchanged keeps its length; one rewritten gets a new one.
+        drop = ("authorization", "x-friendli-team", "accept-encoding")
+        headers = request_headers(request, drop) + (
+            [("content-length", request.headers["content-length"])]
+            if not isinstance(body, bytes) and "content-length" in request.headers else [])
+        return await forward(request.app.state.replicas.client, replica.url + path, request, body,
+                             lambda: replicas.release(replica), headers, rewrite)
 
     name = path.strip("/").replace("/", "_")
+    media_type = "multipart/form-data" if path == "/v1/audio/transcriptions" else "application/json"
     dedicated.post("/dedicated" + path, operation_id=f"dedicated_{name}", summary=f"{path} of a dedicated endpoint",
                    openapi_extra={"requestBody": {"required": True, "content": {
-                       "application/json": {"schema": {"type": "object", "required": ["model"],
-                                                       "properties": {"model": {"type": "string"}}}}}}},
+                       media_type: {"schema": {"type": "object", "required": ["model"],
+                                               "properties": {"model": {"type": "string"}}}}}}},
                    )(route)
 
 

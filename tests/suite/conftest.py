@@ -122,9 +122,9 @@ class SuiteProcess:
         self.output = self.log.read()
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 30) -> None:
         self.proc.terminate()
-        self.proc.wait(timeout=30)
+        self.proc.wait(timeout=timeout_s)
         self.log.close()
 
     def admin_list(self) -> dict:

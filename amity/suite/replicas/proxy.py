@@ -4,7 +4,9 @@ The answer's bytes go out as they arrive (`aiter_raw`: no decoding, no buffering
 with the replica's status and headers. While it streams, a disconnect of the client
 is watched for; it closes the connection to the replica, which aborts the request
 there. A replica that dies mid-answer ends a stream with an `error` event (the
-container's own shape) and any other body where it broke: never a hang.
+container's own shape) and any other body where it broke: never a hang. An answer
+that the Suite reshapes (`rewrite`: the dedicated image operations) is read whole
+when it is a 200, rewritten, and sent with its new length.
 """
 
 import json
@@ -39,12 +41,15 @@ def replica_unreachable(error: Exception) -> JSONResponse:
 class Upstream(Response):
     """The replica's answer, relayed."""
 
-    def __init__(self, answer: httpx.Response, on_close: Callable[[], None]):
+    def __init__(self, answer: httpx.Response, on_close: Callable[[], None],
+                 rewrite: Callable[[bytes], bytes] | None = None):
         self.answer, self.on_close = answer, on_close
         self.status_code = answer.status_code
+        self.rewrite = rewrite if answer.status_code == 200 else None
         self.background = None
+        kept = _HOP if self.rewrite else _HOP - {"content-length"}
         self.raw_headers = [(k.lower(), v) for k, v in answer.headers.raw
-                            if k.decode("latin-1").lower() not in _HOP - {"content-length"}]
+                            if k.decode("latin-1").lower() not in kept]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -66,6 +71,9 @@ class Upstream(Response):
                 self.on_close()
 
     async def _relay(self, send: Send) -> None:
+        if self.rewrite is not None:
+            await self._relay_rewritten(send)
+            return
         await send({"type": "http.response.start", "status": self.status_code,
                     "headers": self.raw_headers})
         try:
@@ -80,12 +88,25 @@ class Upstream(Response):
                             "body": f"event: error\ndata: {json.dumps(event)}\n\n".encode()})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
+    async def _relay_rewritten(self, send: Send) -> None:
+        try:
+            status, body = self.status_code, self.rewrite(await self.answer.aread())
+            headers = self.raw_headers + [(b"content-length", str(len(body)).encode())]
+        except httpx.HTTPError as error:
+            log.warning("a replica's answer broke off: %r", error)
+            failed = replica_unreachable(error)
+            status, body, headers = failed.status_code, failed.body, failed.raw_headers
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
 
 async def forward(client: httpx.AsyncClient, url: str, request: Request,
                   body: bytes | AsyncIterable[bytes], on_close: Callable[[], None],
-                  headers: list[tuple[str, str]] | None = None) -> Response:
-    """Send `request` (with `body`) to `url` and relay the answer. `on_close` runs
-    once, whatever happens, when the exchange is over."""
+                  headers: list[tuple[str, str]] | None = None,
+                  rewrite: Callable[[bytes], bytes] | None = None) -> Response:
+    """Send `request` (with `body`) to `url` and relay the answer (a 200 through
+    `rewrite` when given). `on_close` runs once, whatever happens, when the exchange
+    is over."""
     outgoing = client.build_request(request.method, url, params=request.query_params,
                                     headers=headers if headers is not None
                                     else request_headers(request), content=body)
@@ -97,7 +118,7 @@ async def forward(client: httpx.AsyncClient, url: str, request: Request,
     except BaseException:
         on_close()
         raise
-    return Upstream(answer, on_close)
+    return Upstream(answer, on_close, rewrite)
 
 
 def new_client() -> httpx.AsyncClient:
