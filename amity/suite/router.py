@@ -17,11 +17,13 @@ import json
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 
+from amity.suite.accept import wants_stream
 from amity.suite.auth import Caller, caller
 from amity.suite.endpoints.controller import InvalidTransition
 from amity.suite.errors import ApiError, not_found
-from amity.suite.replicas.pool import QueueTimeout
+from amity.suite.replicas.pool import Lease, QueueTimeout, ReplicaSet
 from amity.suite.replicas.proxy import forward, request_headers
 from amity.suite.store.models import Endpoint
 
@@ -35,27 +37,18 @@ dedicated = APIRouter(tags=["Dedicated.Inference"])
 container = APIRouter(tags=["Container"])
 
 
-def _accept_prefers_sse(accept: str) -> bool:
-    weights = {}
-    for item in accept.split(","):
-        kind, *params = [p.strip() for p in item.split(";")]
-        q = 1.0
-        for param in params:
-            if param.startswith("q="):
-                try:
-                    q = float(param[2:])
-                except ValueError:
-                    q = 0.0
-        weights[kind.lower()] = q
-    sse = weights.get("text/event-stream", 0.0)
-    return sse > 0 and sse > max(weights.get("application/json", 0.0), weights.get("*/*", 0.0))
-
-
-def _body_model(raw: bytes, content_type: str, path: str, accept: str) -> tuple[str, bytes]:
-    """The `model` of a JSON body, and the body to forward."""
-    if not content_type.startswith("application/json") and content_type:
-        raise ApiError(415, "dedicated inference takes a JSON body", loc=("header", "Content-Type"),
-                       type="unsupported_media_type")
+async def inference_body(request: Request, path: str, model_is: str) -> tuple[str, bytes]:
+    """The `model` of an inference request (`model_is` says what it names, for the
+    error), and the body to forward: a JSON body, with `"stream": true` added by the
+    Accept rule; a multipart one (audio, image edits) as it came, since the container
+    applies the Accept rule to its forms itself (the header goes along)."""
+    raw = await request.body()
+    content_type = request.headers.get("content-type", "")
+    if content_type.startswith("multipart/form-data"):
+        return await _form_model(request, model_is), raw
+    if content_type and not content_type.startswith("application/json"):
+        raise ApiError(415, "inference takes a JSON body (a multipart form for audio and image "
+                       "edits)", loc=("header", "Content-Type"), type="unsupported_media_type")
     try:
         body = json.loads(raw)
     except ValueError:
@@ -64,12 +57,50 @@ def _body_model(raw: bytes, content_type: str, path: str, accept: str) -> tuple[
         raise ApiError(422, "the body is a JSON object", loc=("body",), type="model_attributes_type")
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise ApiError(422, "`model` is required: the endpoint id, or ENDPOINT_ID:ADAPTER_ROUTE",
-                       loc=("body", "model"), type="missing")
-    if path in STREAMABLE and "stream" not in body and _accept_prefers_sse(accept):
+        raise ApiError(422, f"`model` is required: {model_is}", loc=("body", "model"), type="missing")
+    if path in STREAMABLE and "stream" not in body and wants_stream(None, request.headers.get("accept")):
         body["stream"] = True
         raw = json.dumps(body, ensure_ascii=False).encode()
     return model, raw
+
+
+async def _form_model(request: Request, model_is: str) -> str:
+    try:
+        # Starlette parses the cached body; file parts spool to disk past 1 MiB.
+        async with request.form() as form:
+            model = form.get("model")
+    except HTTPException as error:
+        raise ApiError(422, f"the multipart body cannot be read: {error.detail}", loc=("body",),
+                       type="value_error") from None
+    if not isinstance(model, str) or not model:
+        raise ApiError(422, f"`model` is required: {model_is}", loc=("body", "model"), type="missing")
+    return model
+
+
+async def relay(request: Request, lease: Lease, path: str, body: bytes) -> Response:
+    """Forward an inference request to the leased replica, its answer streamed back;
+    the lease ends with the exchange. The caller's credentials stay here."""
+    headers = request_headers(request, drop=("authorization", "x-friendli-team", "accept-encoding"))
+    return await forward(request.app.state.replicas.client, lease.url + path, request, body,
+                         lease.release, headers)
+
+
+async def reserve(replicas: ReplicaSet, queue_timeout_s: float) -> Lease:
+    """A slot on one of `replicas`, or a 429 once the queue wait runs out."""
+    try:
+        return await replicas.lease(queue_timeout_s)
+    except QueueTimeout as error:
+        raise queue_full(error) from None
+
+
+def queue_full(error: QueueTimeout) -> ApiError:
+    return ApiError(429, str(error), loc=("body", "model"), type="queue_timeout")
+
+
+def not_ready(error: Exception) -> ApiError:
+    """Replicas that did not get ready within the wait: a 503 the client may retry."""
+    return ApiError(503, f"{error}; retry shortly", loc=("body", "model"), type="not_ready",
+                    headers={"Retry-After": "5"})
 
 
 def _team_endpoint_id(request: Request, who: Caller, model: str) -> str:
@@ -83,9 +114,8 @@ def _team_endpoint_id(request: Request, who: Caller, model: str) -> str:
 
 def _dedicated_route(path: str):
     async def route(request: Request, who: Caller = Depends(caller)) -> Response:
-        raw = await request.body()
-        model, raw = _body_model(raw, request.headers.get("content-type", ""), path,
-                                 request.headers.get("accept", ""))
+        model, body = await inference_body(request, path,
+                                           "the endpoint id, or ENDPOINT_ID:ADAPTER_ROUTE")
         endpoint_id = _team_endpoint_id(request, who, model)
         controller, config = request.app.state.controller, request.app.state.config
         try:
@@ -93,15 +123,8 @@ def _dedicated_route(path: str):
         except InvalidTransition as error:
             raise ApiError(400, str(error), loc=("body", "model"), type="invalid_state") from None
         except TimeoutError as error:
-            raise ApiError(503, f"{error}; retry shortly", loc=("body", "model"), type="not_ready",
-                           headers={"Retry-After": "5"}) from None
-        try:
-            replica = await replicas.acquire(config.queue_timeout_s)
-        except QueueTimeout as error:
-            raise ApiError(429, str(error), loc=("body", "model"), type="queue_timeout") from None
-        headers = request_headers(request, drop=("authorization", "x-friendli-team", "accept-encoding"))
-        return await forward(request.app.state.replicas.client, replica.url + path, request, raw,
-                             lambda: replicas.release(replica), headers)
+            raise not_ready(error) from None
+        return await relay(request, await reserve(replicas, config.queue_timeout_s), path, body)
 
     name = path.strip("/").replace("/", "_")
     dedicated.post("/dedicated" + path, operation_id=f"dedicated_{name}", summary=f"{path} of a dedicated endpoint",
