@@ -14,7 +14,9 @@ from tests.suite.tools.sse import read_events
 
 SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 CHAT = "/serverless/tools/v1/chat/completions"
-QUESTION = [{"role": "user", "content": "What is 150 * 1.60934? Use the calculator."}]
+# Worded so that the default model's forced call is clean (for "Use the calculator." it
+# writes "150 * 1.60934}}, " into the expression under the auto quantization default).
+QUESTION = [{"role": "user", "content": "What is 150 * 1.60934? Use the calculator tool."}]
 # A container starts (10-15 s alone) and each test runs several model turns.
 pytestmark = pytest.mark.slow
 
