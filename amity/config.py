@@ -213,7 +213,12 @@ class SuiteConfig:
               "Default: the built-in one, listing the models that ship with amity.")
     serverless_model_urls: str | None = _opt(
         None, "Containers already serving catalog models, as CATALOG_ID=BASE_URL[,...] "
-              "(e.g. HuggingFaceTB/SmolLM2-135M-Instruct=http://127.0.0.1:8001).")
+              "(e.g. HuggingFaceTB/SmolLM2-135M-Instruct=http://127.0.0.1:8001), instead of "
+              "the replicas the Suite starts for them; such a container must serve under the "
+              "catalog id (--served-model-name).")
+    serverless_cooldown_s: float = _opt(
+        300.0, "Seconds without requests after which a `scale-to-zero` catalog model's "
+               "replicas stop (the next request starts them again).")
     web_url_allow: str | None = _opt(
         None, "Comma-separated hosts, addresses or networks (10.0.0.0/8) that the web:url "
               "tool may fetch although they are private, loopback or link-local.")

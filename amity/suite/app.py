@@ -32,9 +32,10 @@ from amity.suite.knowledge import routes as knowledge_routes
 from amity.suite.knowledge.service import Knowledge
 from amity.suite.replicas.backend import ReplicaFailed, ReplicaSpec
 from amity.suite.replicas.manager import ReplicaManager, open_backend
+from amity.suite.serverless import inference as serverless_inference
 from amity.suite.serverless import routes as serverless_routes
 from amity.suite.serverless.catalog import load_catalog
-from amity.suite.serverless.endpoints import StaticEndpoints
+from amity.suite.serverless.endpoints import ServerlessReplicas, parse_model_urls
 from amity.suite.store.database import data_dir, open_database
 from amity.suite.tools.base import ToolSettings
 
@@ -79,8 +80,12 @@ async def running(app: FastAPI):
                  else WandbArtifacts(data / "cache" / "wandb"))
     controller = Controller(config, app.state.sessions, manager, app.state.objects, registry,
                             data / "cache" / "files", artifacts)
+    serverless = ServerlessReplicas(manager, config, app.state.serverless_model_urls,
+                                    data / "cache" / "models")
     app.state.replicas, app.state.controller = manager, controller
+    app.state.serverless = serverless
     manager.start()
+    serverless.start()
     await controller.start()
     container = None
     if config.container_model != "none":
@@ -91,6 +96,7 @@ async def running(app: FastAPI):
     finally:
         if container is not None:
             container.cancel()
+        await serverless.close()
         await controller.close()
         await manager.close()
         app.state.knowledge.close()
@@ -118,12 +124,13 @@ def build_app(config: SuiteConfig, sessions: sessionmaker[Session], objects: Obj
     app.state.objects = objects
     app.state.max_file_bytes = parse_memory(config.max_file_size, 0)
     app.state.catalog = load_catalog(config.catalog)
-    app.state.endpoints = StaticEndpoints(config.serverless_model_urls)
+    app.state.serverless_model_urls = parse_model_urls(config.serverless_model_urls)
     app.state.tool_settings = ToolSettings.from_config(config)
     app.state.knowledge = Knowledge.from_config(config, sessions)
     install_error_handlers(app)
     for module in (file_routes, dataset_routes, split_routes, serverless_routes, knowledge_routes):
         app.include_router(module.router, responses=COMMON_ERRORS)
+    app.include_router(serverless_inference.router, responses={**COMMON_ERRORS, **ROUTER_ERRORS})
     app.include_router(transfer.router)
 
     app.include_router(endpoint_routes.router, responses={**COMMON_ERRORS, **TRANSITION_ERRORS})

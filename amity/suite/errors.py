@@ -38,7 +38,7 @@ TRANSITION_ERRORS = {400: {"model": ErrorBody, "description": "Not allowed in th
 # The router's own answers; the rest are the replica's.
 ROUTER_ERRORS = {
     **TRANSITION_ERRORS,
-    415: {"model": ErrorBody, "description": "Not a JSON body."},
+    415: {"model": ErrorBody, "description": "Neither a JSON body nor a multipart form."},
     429: {"model": ErrorBody, "description": "The endpoint's queue timed out."},
     502: {"model": ErrorBody, "description": "The replica failed the request."},
     503: {"model": ErrorBody, "description": "The endpoint is still waking; retry."},

@@ -8,7 +8,7 @@ endpoint is woken and the request waits for it (bounded, then a 503 with
 Retry-After); the replica with the fewest outstanding requests takes it, or it
 waits in the endpoint's queue (bounded, then a 429). Replicas serve under the
 endpoint id, so `model` in their answers is the endpoint id and the body goes
-through unchanged (a multipart one streamed, dedicated_body.py), except for the
+through unchanged (a multipart one streamed, inference_body.py), except for the
 Accept rule of platform-notes §0.3 (friendli 0.12.8's `stream()` sends no `stream`
 field) and the dedicated image shapes (dedicated_images.py).
 """
@@ -18,12 +18,11 @@ from collections.abc import AsyncIterable, Callable
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from amity.suite import dedicated_images as images
 from amity.suite.auth import Caller, caller
-from amity.suite.dedicated_body import json_model, multipart_model
 from amity.suite.endpoints.controller import InvalidTransition
 from amity.suite.errors import ApiError, not_found
-from amity.suite.replicas.pool import QueueTimeout
+from amity.suite.inference_body import read_inference_body
+from amity.suite.replicas.pool import Lease, QueueTimeout, ReplicaSet
 from amity.suite.replicas.proxy import forward, request_headers
 
 DEDICATED_PATHS = ("/v1/chat/completions", "/v1/chat/render", "/v1/messages", "/v1/completions",
@@ -35,21 +34,35 @@ dedicated = APIRouter(tags=["Dedicated.Inference"])
 container = APIRouter(tags=["Container"])
 
 
-async def _read_body(request: Request,
-                     path: str) -> tuple[str, bytes | AsyncIterable[bytes], Callable | None]:
-    """(model, the body to forward, the rewrite of a 200 answer or None)."""
-    content_type = request.headers.get("content-type", "")
-    if content_type.lower().startswith("multipart/form-data"):
-        model, body = await multipart_model(content_type, request.stream())
-        return model, body, None
-    if content_type and not content_type.lower().startswith("application/json"):
-        raise ApiError(415, "dedicated inference takes a JSON body (multipart/form-data for "
-                       "audio)", loc=("header", "Content-Type"), type="unsupported_media_type")
-    model, parsed, raw = json_model(await request.body(), path, request.headers.get("accept", ""))
-    if path in images.IMAGE_PATHS:
-        raw, asked = images.to_container(parsed)
-        return model, raw, images.answer_rewriter(asked)
-    return model, raw, None
+async def relay(request: Request, lease: Lease, path: str, body: bytes | AsyncIterable[bytes],
+                rewrite: Callable[[bytes], bytes] | None = None) -> Response:
+    """Forward an inference request to the leased replica, its answer streamed back
+    (a 200 through `rewrite` when given); the lease ends with the exchange. The
+    caller's credentials stay here. A body that goes on unchanged (streamed) keeps
+    its length; one rewritten gets a new one."""
+    headers = request_headers(request, drop=("authorization", "x-friendli-team", "accept-encoding")) + (
+        [("content-length", request.headers["content-length"])]
+        if not isinstance(body, bytes) and "content-length" in request.headers else [])
+    return await forward(request.app.state.replicas.client, lease.url + path, request, body,
+                         lease.release, headers, rewrite)
+
+
+async def reserve(replicas: ReplicaSet, queue_timeout_s: float) -> Lease:
+    """A slot on one of `replicas`, or a 429 once the queue wait runs out."""
+    try:
+        return await replicas.lease(queue_timeout_s)
+    except QueueTimeout as error:
+        raise queue_full(error) from None
+
+
+def queue_full(error: QueueTimeout) -> ApiError:
+    return ApiError(429, str(error), loc=("body", "model"), type="queue_timeout")
+
+
+def not_ready(error: Exception) -> ApiError:
+    """Replicas that did not get ready within the wait: a 503 the client may retry."""
+    return ApiError(503, f"{error}; retry shortly", loc=("body", "model"), type="not_ready",
+                    headers={"Retry-After": "5"})
 
 
 def _team_endpoint_id(request: Request, who: Caller, model: str) -> str:
@@ -65,7 +78,8 @@ def _team_endpoint_id(request: Request, who: Caller, model: str) -> str:
 
 def _dedicated_route(path: str):
     async def route(request: Request, who: Caller = Depends(caller)) -> Response:
-        model, body, rewrite = await _read_body(request, path)
+        model, body, rewrite = await read_inference_body(
+            request, path, "the endpoint id, or ENDPOINT_ID:ADAPTER_ROUTE")
         endpoint_id = _team_endpoint_id(request, who, model)
         controller, config = request.app.state.controller, request.app.state.config
         try:
@@ -73,19 +87,8 @@ def _dedicated_route(path: str):
         except InvalidTransition as error:
             raise ApiError(400, str(error), loc=("body", "model"), type="invalid_state") from None
         except TimeoutError as error:
-            raise ApiError(503, f"{error}; retry shortly", loc=("body", "model"), type="not_ready",
-                           headers={"Retry-After": "5"}) from None
-        try:
-            replica = await replicas.acquire(config.queue_timeout_s)
-        except QueueTimeout as error:
-            raise ApiError(429, str(error), loc=("body", "model"), type="queue_timeout") from None
-        # A body that goes on unchanged keeps its length; one rewritten gets a new one.
-        drop = ("authorization", "x-friendli-team", "accept-encoding")
-        headers = request_headers(request, drop) + (
-            [("content-length", request.headers["content-length"])]
-            if not isinstance(body, bytes) and "content-length" in request.headers else [])
-        return await forward(request.app.state.replicas.client, replica.url + path, request, body,
-                             lambda: replicas.release(replica), headers, rewrite)
+            raise not_ready(error) from None
+        return await relay(request, await reserve(replicas, config.queue_timeout_s), path, body, rewrite)
 
     name = path.strip("/").replace("/", "_")
     media_type = "multipart/form-data" if path == "/v1/audio/transcriptions" else "application/json"

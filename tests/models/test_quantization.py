@@ -12,7 +12,7 @@ from amity.engine.llm_engine import LLMEngine
 from amity.engine.sampling_params import SamplingParams
 from amity.models.loader import load_model
 from amity.models.cpu_kernels import load_cpu_kernels
-from amity.models.quantization import (Bf16Linear, BlockLinear, Int8Linear, PackedLinear, q4_1_blocks, q4_1_linear,
+from amity.models.quantization import (BlockLinear, Int8Linear, PackedLinear, q4_1_blocks, q4_1_linear,
                                       quantize_model)
 from tests.models.test_parity import engine_logits
 

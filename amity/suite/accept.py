@@ -1,7 +1,8 @@
 """Whether to answer with a stream (platform-notes §0.3): when the body says
 `"stream": true`, or has no `stream` field and the Accept header prefers
 text/event-stream over JSON (the 0.12.8 SDK's `stream()` calls send only the header);
-`"stream": false` is always JSON."""
+`"stream": false` is always JSON. One rule for every Suite route that streams:
+dedicated and serverless inference, tool-assisted chat."""
 
 
 def _quality(accept: str, media: str) -> float:

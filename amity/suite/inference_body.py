@@ -1,9 +1,11 @@
-"""What the router reads of a dedicated inference body: its `model` (the endpoint id),
-and the body to forward.
+"""What the Suite reads of an inference body (dedicated or serverless): its `model`,
+and the body to forward (`read_inference_body`).
 
 A JSON body is read whole (it is small; `model` may be anywhere in it) and, for the
-streamable operations, gets the one rewrite of platform-notes §0.3: no `stream` field
-and an Accept header preferring `text/event-stream` over JSON -> `"stream": true`.
+streamable operations, gets the one rewrite of platform-notes §0.3 (accept.py): no
+`stream` field and an Accept header preferring `text/event-stream` over JSON ->
+`"stream": true`. A dedicated image request is translated to the container's shape
+(dedicated_images.py), and its answer back.
 
 A multipart/form-data body (an audio file) is not read whole: its chunks are parsed as
 they arrive until the `model` field is complete (clients send it before the file, as
@@ -13,11 +15,13 @@ transcription itself (the Accept header goes with it).
 """
 
 import json
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
+from amity.suite import dedicated_images as images
+from amity.suite.accept import wants_stream
 from amity.suite.errors import ApiError
 
 STREAMABLE = ("/v1/chat/completions", "/v1/completions", "/v1/audio/transcriptions")
@@ -26,28 +30,11 @@ STREAMABLE = ("/v1/chat/completions", "/v1/completions", "/v1/audio/transcriptio
 MODEL_FIELD_WITHIN_BYTES = 64 * 2**20
 
 
-def missing_model() -> ApiError:
-    return ApiError(422, "`model` is required: the endpoint id, or ENDPOINT_ID:ADAPTER_ROUTE",
-                    loc=("body", "model"), type="missing")
+def missing_model(model_is: str) -> ApiError:
+    return ApiError(422, f"`model` is required: {model_is}", loc=("body", "model"), type="missing")
 
 
-def accept_prefers_sse(accept: str) -> bool:
-    weights = {}
-    for item in accept.split(","):
-        kind, *params = [p.strip() for p in item.split(";")]
-        q = 1.0
-        for param in params:
-            if param.startswith("q="):
-                try:
-                    q = float(param[2:])
-                except ValueError:
-                    q = 0.0
-        weights[kind.lower()] = q
-    sse = weights.get("text/event-stream", 0.0)
-    return sse > 0 and sse > max(weights.get("application/json", 0.0), weights.get("*/*", 0.0))
-
-
-def json_model(raw: bytes, path: str, accept: str) -> tuple[str, dict, bytes]:
+def json_model(raw: bytes, path: str, accept: str, model_is: str) -> tuple[str, dict, bytes]:
     """(model, the parsed body, the bytes to forward) of a JSON body."""
     try:
         body = json.loads(raw)
@@ -57,8 +44,8 @@ def json_model(raw: bytes, path: str, accept: str) -> tuple[str, dict, bytes]:
         raise ApiError(422, "the body is a JSON object", loc=("body",), type="model_attributes_type")
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise missing_model()
-    if path in STREAMABLE and "stream" not in body and accept_prefers_sse(accept):
+        raise missing_model(model_is)
+    if path in STREAMABLE and "stream" not in body and wants_stream(None, accept):
         body["stream"] = True
         raw = json.dumps(body, ensure_ascii=False).encode()
     return model, body, raw
@@ -99,8 +86,8 @@ class _FieldReader:
             self.done, self._in_wanted = True, False
 
 
-async def multipart_model(content_type: str,
-                          stream: AsyncIterator[bytes]) -> tuple[str, AsyncIterable[bytes]]:
+async def multipart_model(content_type: str, stream: AsyncIterator[bytes],
+                          model_is: str) -> tuple[str, AsyncIterable[bytes]]:
     """(model, the body to forward) of a multipart/form-data body arriving as `stream`."""
     boundary = parse_options_header(content_type)[1].get(b"boundary")
     if not boundary:
@@ -127,7 +114,7 @@ async def multipart_model(content_type: str,
                            type="missing")
     model = reader.value.decode("utf-8", "replace")
     if not reader.done or not model:
-        raise missing_model()
+        raise missing_model(model_is)
 
     async def body() -> AsyncIterator[bytes]:
         for chunk in read:
@@ -136,3 +123,22 @@ async def multipart_model(content_type: str,
             yield chunk
 
     return model, body()
+
+
+async def read_inference_body(request, path: str, model_is: str) -> tuple[
+        str, bytes | AsyncIterable[bytes], Callable[[bytes], bytes] | None]:
+    """(model, the body to forward, the rewrite of a 200 answer or None) of an inference
+    request to `path`; `model_is` says what `model` names, for the error."""
+    content_type = request.headers.get("content-type", "").lower()
+    if content_type.startswith("multipart/form-data"):
+        model, body = await multipart_model(request.headers["content-type"], request.stream(), model_is)
+        return model, body, None
+    if content_type and not content_type.startswith("application/json"):
+        raise ApiError(415, "inference takes a JSON body (multipart/form-data for audio)",
+                       loc=("header", "Content-Type"), type="unsupported_media_type")
+    model, parsed, raw = json_model(await request.body(), path, request.headers.get("accept", ""),
+                                    model_is)
+    if path in images.IMAGE_PATHS:
+        raw, asked = images.to_container(parsed)
+        return model, raw, images.answer_rewriter(asked)
+    return model, raw, None
