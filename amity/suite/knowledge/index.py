@@ -9,7 +9,6 @@ cosines, only which chunks come back can differ from an exact search.
 from dataclasses import dataclass, field
 
 import numpy as np
-from usearch.index import Index
 
 # HNSW parameters: graph degree, and candidate-list sizes while building and searching
 # (recall vs exact is measured in tests/suite/knowledge/test_index.py).
@@ -23,12 +22,16 @@ CANDIDATES_FACTOR = 2  # candidates fetched per result wanted, before exact resc
 class VectorIndex:
     keys: np.ndarray  # int64, one per row
     vectors: np.ndarray  # float32 (rows, dimension), unit length
-    hnsw: Index | None = field(default=None, repr=False)
+    hnsw: object | None = field(default=None, repr=False)  # usearch.index.Index
 
     @classmethod
     def build(cls, keys: np.ndarray, vectors: np.ndarray, hnsw_threshold: int) -> "VectorIndex":
         index = cls(keys.astype(np.int64), vectors.astype(np.float32))
         if len(keys) >= hnsw_threshold:
+            # Imported here, not at start: usearch loaded before `ray` makes ray.init abort
+            # (a C++ runtime clash: std::regex_error), and the Suite starts Ray at startup.
+            from usearch.index import Index
+
             graph = Index(ndim=vectors.shape[1], metric="cos", dtype="f32",
                           connectivity=CONNECTIVITY, expansion_add=EXPANSION_ADD,
                           expansion_search=EXPANSION_SEARCH)
