@@ -283,6 +283,17 @@ def add_arguments(parser: argparse.ArgumentParser, config_cls: type) -> None:
         parser.add_argument(*names, **kwargs)
 
 
+def add_action(actions, name: str, help: str, config_cls: type, run,
+               *arguments: tuple[str, dict]) -> None:
+    """One subcommand of a command with actions (`amity admin ...`, `amity knowledge ...`):
+    its own arguments, then `config_cls`'s flags; `run(args)` carries it out."""
+    sub = actions.add_parser(name, help=help)
+    for flag, kwargs in arguments:
+        sub.add_argument(flag, **kwargs)
+    add_arguments(sub, config_cls)
+    sub.set_defaults(func=run)
+
+
 def from_namespace(config_cls: type, ns: argparse.Namespace):
     return config_cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(config_cls)})
 

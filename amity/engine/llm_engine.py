@@ -12,7 +12,6 @@ token, returns its blocks at once and reports one `PoolingOutput` (pooler.py).
 
 import itertools
 import logging
-import os
 import random
 import threading
 import time
@@ -36,8 +35,7 @@ from amity.engine.scheduler import Scheduler
 from amity.engine import structured_output
 from amity.engine.model_runner import ModelRunner
 from amity.models.compilation import compile_model
-from amity.models.cpu_kernels import load_cpu_kernels
-from amity.models.dtype import resolve_device, resolve_dtype
+from amity.models.dtype import prepare_device
 from amity.models.loader import LoadedModel
 from amity.models.lora import apply_lora
 from amity.models.peft_adapter import AdapterError, LoraAdapter
@@ -59,11 +57,7 @@ def _free_memory_bytes(device: torch.device) -> int:
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
         self.config = config
-        self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
-        if self.device.type == "cpu":
-            torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
-            load_cpu_kernels()
+        self.device, self.dtype = prepare_device(config.device, config.dtype, config.num_threads)
         self.quantization = resolve_scheme(config.quantization, config.dtype)
         # LoRA wraps the loaded nn.Linears; quantization then replaces the base inside.
         self.lora: LoraManager | None = None

@@ -20,7 +20,6 @@ requests, `step()`, read `RequestOutput` deltas. A step:
 
 import collections
 import logging
-import os
 import random
 import time
 
@@ -35,8 +34,7 @@ from amity.engine.outputs import CompletionOutput, FinalOutput, RequestOutput
 from amity.engine.transcription_request import (MAX_PREVIOUS_TOKENS, Phase, PreparedTranscription,
                                                 TranscriptionParams, TranscriptionRequest)
 from amity.models.attention import AttentionMetadata
-from amity.models.cpu_kernels import load_cpu_kernels
-from amity.models.dtype import resolve_device, resolve_dtype
+from amity.models.dtype import prepare_device
 from amity.models.whisper_loader import LoadedWhisper, load_whisper
 
 logger = logging.getLogger("amity.engine")
@@ -52,11 +50,7 @@ class WhisperEngine:
 
     def __init__(self, config: EngineConfig, loaded: LoadedWhisper | None = None):
         self.config = config
-        self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
-        if self.device.type == "cpu":
-            torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
-            load_cpu_kernels()
+        self.device, self.dtype = prepare_device(config.device, config.dtype, config.num_threads)
         loaded = loaded or load_whisper(config.model, self.dtype, self.device)
         self.model, self.tokenizer, self.vocab = loaded.model, loaded.tokenizer, loaded.vocab
         self.model_path = loaded.path

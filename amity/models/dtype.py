@@ -8,7 +8,11 @@ accuracy in the norms, residuals and activations that torch keeps in bfloat16.
 That trade is the user's to make (`--dtype bfloat16`), not a default.
 """
 
+import os
+
 import torch
+
+from amity.models.cpu_kernels import load_cpu_kernels
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -23,3 +27,13 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def prepare_device(device_name: str, dtype_name: str,
+                   num_threads: int | None) -> tuple[torch.device, torch.dtype]:
+    """An engine's device and dtype; on a CPU, its thread count set and our kernels built."""
+    device = resolve_device(device_name)
+    if device.type == "cpu":
+        torch.set_num_threads(num_threads or os.cpu_count() or 1)
+        load_cpu_kernels()
+    return device, resolve_dtype(dtype_name, device)

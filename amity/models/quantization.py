@@ -377,10 +377,9 @@ def _checkpoint_names(model: nn.Module) -> dict[int, list[str]]:
     wrappers = {q for q, m in model.named_modules() if getattr(m, "wraps_base", False)}
 
     def in_file(qualified: str) -> str:
-        for wrapper in wrappers:
-            qualified = qualified.replace(f"{wrapper}.base", wrapper, 1) if qualified.startswith(
-                f"{wrapper}.base") else qualified
-        return qualified
+        parts = qualified.split(".")
+        return ".".join(p for i, p in enumerate(parts)
+                        if not (p == "base" and ".".join(parts[:i]) in wrappers))
 
     param_names = {id(p): in_file(name) for name, p in model.named_parameters()}  # tied: first name
     names = {}

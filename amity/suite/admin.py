@@ -5,7 +5,7 @@ import argparse
 import json
 import logging
 
-from amity.config import StoreConfig, add_arguments, from_namespace
+from amity.config import StoreConfig, add_action, from_namespace
 from amity.suite import accounts
 from amity.suite.store.database import open_database
 
@@ -40,11 +40,7 @@ def add_admin_parser(commands) -> None:
     actions = admin.add_subparsers(dest="action", required=True)
 
     def action(name: str, help: str, *arguments: tuple[str, dict]) -> None:
-        sub = actions.add_parser(name, help=help)
-        for flag, kwargs in arguments:
-            sub.add_argument(flag, **kwargs)
-        add_arguments(sub, StoreConfig)
-        sub.set_defaults(func=_run)
+        add_action(actions, name, help, StoreConfig, _run, *arguments)
 
     team = ("--team", {"required": True, "help": "team id"})
     action("create-team", "create a team; prints its id", ("name", {}))

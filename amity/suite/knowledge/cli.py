@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from amity.config import SuiteClientConfig, add_arguments, from_namespace
+from amity.config import SuiteClientConfig, add_action, from_namespace
 
 TIMEOUT = httpx.Timeout(connect=10.0, read=600.0, write=600.0, pool=10.0)
 
@@ -80,11 +80,7 @@ def add_knowledge_parser(commands) -> None:
     actions = knowledge.add_subparsers(dest="action", required=True)
 
     def action(name: str, help: str, *arguments: tuple[str, dict]) -> None:
-        sub = actions.add_parser(name, help=help)
-        for flag, kwargs in arguments:
-            sub.add_argument(flag, **kwargs)
-        add_arguments(sub, SuiteClientConfig)
-        sub.set_defaults(func=_run)
+        add_action(actions, name, help, SuiteClientConfig, _run, *arguments)
 
     files = ("files", {"nargs": "+", "metavar": "FILE", "help": ".txt, .md or .pdf files"})
     base = ("id", {"help": "knowledge base id"})
