@@ -22,6 +22,7 @@ import torch
 from amity.config import EngineConfig, parse_memory
 from amity.engine.detokenizer import IncrementalDetokenizer
 from amity.engine.errors import RequestError
+from amity.engine.input_batch import InputBatch
 from amity.engine.kv_cache_manager import KVCacheManager
 from amity.engine.encoder_runner import EncoderRunner
 from amity.engine.engine_model import EngineModel, load_engine_model
@@ -143,8 +144,9 @@ class LLMEngine:
                           for _ in range(num_layers)]
         self.kv = KVCacheManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
+        batch = InputBatch(config.max_num_seqs, self.max_model_len, self.block_size)
         self.runner = ModelRunner(self.model, self.kv_caches, self.block_size, self.device, self.dtype,
-                                  self.lora.slots if self.lora else None)
+                                  batch, self.lora.slots if self.lora else None)
         logger.info("engine: %s (%s) on %s (%s), %d KV blocks of %d tokens, context %d",
                     self.model_path.name, self.task, self.device, self.dtype, self.num_blocks,
                     self.block_size, self.max_model_len)

@@ -1,17 +1,20 @@
 """Executes a scheduled step: builds its tensors, runs the model, returns logits
 and the hidden rows that pooling requests read.
 
-`prepare` is the one place where a step's tensors are made from plain Python
-state (token ids, positions, KV slots, block tables, which positions need logits,
-which rows are pooled). The LM head runs only on the positions whose logits the
+`prepare` is the one place where a step's tensors are made: token ids, positions,
+KV slots and block tables gathered from the persistent input batch
+(input_batch.py), and from each request which positions need logits and which
+rows are pooled. The LM head runs only on the positions whose logits the
 engine needs; the pooled rows are gathered in one indexing op. With LoRA, each
 token also carries its request's adapter slot (models/lora.py).
 """
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
+from amity.engine.input_batch import InputBatch
 from amity.engine.request import Request
 from amity.engine.scheduler import SchedulerOutput
 from amity.models.attention import AttentionMetadata
@@ -42,8 +45,10 @@ class StepResult:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                 block_size: int, device: torch.device, dtype: torch.dtype, lora: LoraSlots | None = None):
+                 block_size: int, device: torch.device, dtype: torch.dtype, batch: InputBatch,
+                 lora: LoraSlots | None = None):
         self.model = model
+        self.batch = batch
         self.lora = lora
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -51,59 +56,61 @@ class ModelRunner:
         self.dtype = dtype
 
     def prepare(self, step: SchedulerOutput) -> StepInputs:
-        input_ids: list[int] = []
-        positions: list[int] = []
-        seq_of_token: list[int] = []
-        query_start = [0]
-        context_lens: list[int] = []
-        block_tables: list[list[int]] = []
+        requests = [s.request for s in step.scheduled]
+        rows = self.batch.sync(requests)
+        num_seqs = len(requests)
+        starts = np.fromiter((s.start_position for s in step.scheduled), np.int64, num_seqs)
+        counts = np.fromiter((s.num_new_tokens for s in step.scheduled), np.int64, num_seqs)
+        query_start = np.zeros(num_seqs + 1, dtype=np.int64)
+        np.cumsum(counts, out=query_start[1:])
+        # Flat token t belongs to sequence seq_of_token[t], at position positions[t].
+        seq_of_token = np.repeat(np.arange(num_seqs), counts)
+        positions = np.arange(query_start[-1]) + np.repeat(starts - query_start[:-1], counts)
+        input_ids = self.batch.token_ids[rows[seq_of_token], positions].astype(np.int64)
+        num_blocks = self.batch.num_synced_blocks[rows]
+        width = int(num_blocks.max())
+        tables = self.batch.block_tables[rows, :width]
+        tables[np.arange(width)[None, :] >= num_blocks[:, None]] = 0  # a row's stale tail
+        slot_mapping = tables[seq_of_token, positions // self.block_size] * self.block_size \
+            + positions % self.block_size
+
         logits_indices: list[int] = []
         logit_rows: list[tuple[Request, int]] = []
         replaced_idx: list[int] = []
         replaced_vec: list[torch.Tensor] = []
         pooled_indices: list[int] = []
         pooled_rows: list[tuple[Request, int]] = []
-        adapter_slots: list[int] = []
-        for i, s in enumerate(step.scheduled):
-            req, start, n = s.request, s.start_position, s.num_new_tokens
-            flat_start = len(input_ids)
-            input_ids.extend(req.all_token_ids[start:start + n])
-            positions.extend(range(start, start + n))
-            seq_of_token.extend([i] * n)
-            adapter_slots.extend([req.adapter_slot] * n)
-            query_start.append(flat_start + n)
-            context_lens.append(start + n)
-            block_tables.append(req.block_table)
+        for i, req in enumerate(requests):
+            start, end, flat_start = int(starts[i]), int(starts[i] + counts[i]), int(query_start[i])
             if req.is_pooling:
                 first = max(start, req.pooled_positions.start)
-                end = min(start + n, req.pooled_positions.stop)
-                if first < end:
-                    pooled_indices.extend(range(flat_start + first - start, flat_start + end - start))
-                    pooled_rows.append((req, end - first))
+                last = min(end, req.pooled_positions.stop)
+                if first < last:
+                    pooled_indices.extend(range(flat_start + first - start, flat_start + last - start))
+                    pooled_rows.append((req, last - first))
                 continue
-            for p in range(max(start, req.first_logit_position), start + n):
-                logits_indices.append(flat_start + p - start)
-                logit_rows.append((req, p))
+            first = max(start, req.first_logit_position)
+            logits_indices.extend(range(flat_start + first - start, flat_start + end - start))
+            logit_rows.extend((req, p) for p in range(first, end))
             for p, vector in req.replaced_embeddings.items():
-                if start <= p < start + n:
+                if start <= p < end:
                     replaced_idx.append(flat_start + p - start)
                     replaced_vec.append(vector)
 
-        width = max(len(t) for t in block_tables)
-        tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.long)
-        pos = torch.tensor(positions, dtype=torch.long)
-        slot_mapping = tables[torch.tensor(seq_of_token), pos // self.block_size] * self.block_size \
-            + pos % self.block_size
         dev = self.device
         attn = AttentionMetadata(
-            slot_mapping=slot_mapping.to(dev),
-            query_start=torch.tensor(query_start, dtype=torch.long, device=dev),
-            context_lens=torch.tensor(context_lens, dtype=torch.long, device=dev),
-            block_tables=tables.to(dev),
+            slot_mapping=torch.from_numpy(slot_mapping).to(dev),
+            query_start=torch.from_numpy(query_start).to(dev),
+            context_lens=torch.from_numpy(starts + counts).to(dev),
+            block_tables=torch.from_numpy(tables).to(dev),
         )
+        adapter_slots = None
+        if self.lora:
+            slots = np.fromiter((r.adapter_slot for r in requests), np.int64, num_seqs)
+            adapter_slots = torch.from_numpy(np.repeat(slots, counts)).to(dev)
         return StepInputs(
-            input_ids=torch.tensor(input_ids, dtype=torch.long, device=dev),
-            positions=pos.to(dev),
+            input_ids=torch.from_numpy(input_ids).to(dev),
+            positions=torch.from_numpy(positions).to(dev),
             attn=attn,
             logits_indices=torch.tensor(logits_indices, dtype=torch.long, device=dev),
             logit_rows=logit_rows,
@@ -111,7 +118,7 @@ class ModelRunner:
             replaced_vectors=torch.stack(replaced_vec).to(dev, self.dtype) if replaced_vec else None,
             pooled_indices=torch.tensor(pooled_indices, dtype=torch.long, device=dev),
             pooled_rows=pooled_rows,
-            adapter_slots=torch.tensor(adapter_slots, dtype=torch.long, device=dev) if self.lora else None,
+            adapter_slots=adapter_slots,
         )
 
     @torch.inference_mode()
