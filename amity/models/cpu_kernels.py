@@ -51,6 +51,26 @@ def _build_digest() -> str:
     return digest.hexdigest()[:10]
 
 
+def _sources_at_one_path(digest: str) -> list[str]:
+    """The sources, copied into the cache under their digest. torch's build file names
+    its sources by absolute path, so two checkouts of the same sources sharing a cache
+    (git worktrees, a CI clone) would each rebuild the other's build; from one path
+    per digest, they reuse it."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()) / f"amity_csrc_{digest}"
+    root.mkdir(parents=True, exist_ok=True)
+    copies = []
+    for source in _SOURCES:
+        copy = root / source.name
+        if not copy.exists() or copy.read_bytes() != source.read_bytes():
+            temporary = copy.with_suffix(f".{os.getpid()}.tmp")
+            temporary.write_bytes(source.read_bytes())
+            temporary.replace(copy)  # atomic: a concurrent loader never sees half a file
+        copies.append(str(copy))
+    return copies
+
+
 @functools.cache
 def load_cpu_kernels() -> None:
     """Registers torch.ops.amity.* (see csrc/); builds them if this CPU has no build yet."""
@@ -62,7 +82,8 @@ def load_cpu_kernels() -> None:
     if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     logger.info("loading amity's CPU kernels (the first start on a machine compiles them)")
-    load(name=f"amity_cpu_kernels_{_build_digest()}", sources=[str(s) for s in _SOURCES],
+    digest = _build_digest()
+    load(name=f"amity_cpu_kernels_{digest}", sources=_sources_at_one_path(digest),
          extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
          is_python_module=False)
 
