@@ -5,7 +5,9 @@ dedicated endpoint of MODEL, and streams the same completions (fixed prompt, fix
 length: `min_tokens` = `max_tokens`) at each concurrency, directly to the endpoint's
 replica and through `/dedicated/v1/completions`, in interleaved rounds (direct then
 routed, then routed then direct, ...: a drift of the machine's load hits both alike).
-Reports the medians over rounds of tokens/s and of the median TTFT of each, with the
+Reports the medians over rounds of tokens/s, of the median TTFT and of the Suite
+process's CPU time per request (user + system: what the router takes from the replica
+on a small machine, and what the load of other processes does not blur), with the
 load average, then sleeps the endpoint and times a request from SLEEPING to its first
 token.
 
@@ -65,6 +67,12 @@ async def level(url: str, body: dict, headers: dict, concurrency: int, requests:
             "ttft_ms_median": 1000 * statistics.median(r[0] for r in results)}
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
@@ -117,10 +125,14 @@ def main() -> None:
             for round_index in range(args.rounds):
                 order = [("direct", direct, {}), ("router", routed_url, headers)]
                 for name, url, extra in order[::-1] if round_index % 2 else order:
+                    suite_cpu_before = cpu_s(suite.pid)
                     runs[name].append(asyncio.run(level(url, body, extra, c, requests)))
+                    runs[name][-1]["suite_cpu_ms_per_request"] = (
+                        1000 * (cpu_s(suite.pid) - suite_cpu_before) / requests)
             mine, routed = (
                 {key: statistics.median(r[key] for r in runs[name])
-                 for key in ("tokens_per_s", "ttft_ms_median")} for name in ("direct", "router"))
+                 for key in ("tokens_per_s", "ttft_ms_median", "suite_cpu_ms_per_request")}
+                for name in ("direct", "router"))
             print(json.dumps({"concurrency": c, "rounds": args.rounds, "direct": mine, "router": routed,
                               "throughput_cost_pct": 100 * (1 - routed["tokens_per_s"] / mine["tokens_per_s"]),
                               "ttft_added_ms": routed["ttft_ms_median"] - mine["ttft_ms_median"],
