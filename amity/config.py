@@ -162,6 +162,10 @@ class SuiteConfig:
         None, "Seconds after which an uploaded file expires (`expiresAt`). Default: never."
     )
     url_ttl_s: int = _opt(3600, "Seconds a signed upload or download URL stays valid.")
+    auth_cache_ttl_s: float = _opt(
+        10.0, "Seconds the Suite trusts a token, and its owner's membership of a team, that it "
+        "has checked, before it asks the database again (a token or membership removed from "
+        "the database meanwhile still works that long; a new one works at once).")
     # Containers the Suite runs: the default model's, and dedicated endpoints' replicas.
     container_model: str = _opt(
         "HuggingFaceTB/SmolLM2-135M-Instruct",

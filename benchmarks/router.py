@@ -2,12 +2,16 @@
 
 Starts `amity suite` (no default container) on a fresh data directory, creates a
 dedicated endpoint of MODEL, and streams the same completions (fixed prompt, fixed
-length: `min_tokens` = `max_tokens`) at each concurrency twice, interleaved: directly
-to the endpoint's replica and through `/dedicated/v1/completions`. Reports tokens/s
-and median TTFT of each, then sleeps the endpoint and times a request from SLEEPING
-to its first token.
+length: `min_tokens` = `max_tokens`) at each concurrency, directly to the endpoint's
+replica and through `/dedicated/v1/completions`, in interleaved rounds (direct then
+routed, then routed then direct, ...: a drift of the machine's load hits both alike).
+Reports the medians over rounds of tokens/s, of the median TTFT and of the Suite
+process's CPU time per request (user + system: what the router takes from the replica
+on a small machine, and what the load of other processes does not blur), with the
+load average, then sleeps the endpoint and times a request from SLEEPING to its first
+token.
 
-    .venv/bin/python benchmarks/router.py --concurrency 1,32 --requests 64 --output-len 64
+    .venv/bin/python benchmarks/router.py --concurrency 1,32 --requests 32 --output-len 64 --rounds 3
 """
 
 import argparse
@@ -63,6 +67,12 @@ async def level(url: str, body: dict, headers: dict, concurrency: int, requests:
             "ttft_ms_median": 1000 * statistics.median(r[0] for r in results)}
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
@@ -70,6 +80,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64,
                         help="requests per level (at least the level's concurrency)")
     parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per level")
     parser.add_argument("--replica-args", default="--kv-cache-memory 256MiB")
     args = parser.parse_args()
     data = Path(tempfile.mkdtemp(prefix="amity-router-bench-"))
@@ -105,13 +116,28 @@ def main() -> None:
         body = {"model": endpoint, "prompt": "Once upon a time, in a land far away,",
                 "max_tokens": args.output_len, "min_tokens": args.output_len, "stream": True}
         asyncio.run(level(direct, body, {}, 1, 2))  # warm-up
+        print(json.dumps({"suite_pid": suite.pid, "replica_port": int(replica_port)}), flush=True)
+        routed_url = base + "/dedicated/v1/completions"
         for c in [int(x) for x in args.concurrency.split(",")]:
             requests = max(args.requests, c)
-            mine = asyncio.run(level(direct, body, {}, c, requests))
-            routed = asyncio.run(level(base + "/dedicated/v1/completions", body, headers, c, requests))
-            print(json.dumps({"concurrency": c, "direct": mine, "router": routed,
+            load_before = os.getloadavg()[0]
+            runs = {"direct": [], "router": []}
+            for round_index in range(args.rounds):
+                order = [("direct", direct, {}), ("router", routed_url, headers)]
+                for name, url, extra in order[::-1] if round_index % 2 else order:
+                    suite_cpu_before = cpu_s(suite.pid)
+                    runs[name].append(asyncio.run(level(url, body, extra, c, requests)))
+                    runs[name][-1]["suite_cpu_ms_per_request"] = (
+                        1000 * (cpu_s(suite.pid) - suite_cpu_before) / requests)
+            mine, routed = (
+                {key: statistics.median(r[key] for r in runs[name])
+                 for key in ("tokens_per_s", "ttft_ms_median", "suite_cpu_ms_per_request")}
+                for name in ("direct", "router"))
+            print(json.dumps({"concurrency": c, "rounds": args.rounds, "direct": mine, "router": routed,
                               "throughput_cost_pct": 100 * (1 - routed["tokens_per_s"] / mine["tokens_per_s"]),
-                              "ttft_added_ms": routed["ttft_ms_median"] - mine["ttft_ms_median"]}),
+                              "ttft_added_ms": routed["ttft_ms_median"] - mine["ttft_ms_median"],
+                              "load_average_1min": [load_before, os.getloadavg()[0]],
+                              "per_round": runs}),
                   flush=True)
         http.put(f"/dedicated/beta/endpoint/{endpoint}/sleep")
         while http.get(f"/dedicated/beta/endpoint/{endpoint}").json()["currReplicaCnt"]:

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from amity.config import StoreConfig, SuiteConfig, parse_memory
 from amity.suite import router
 from amity.suite.accounts import bootstrap
+from amity.suite.callers import TtlCache
 from amity.suite.endpoints import routes as endpoint_routes
 from amity.suite.endpoints.artifacts import LocalArtifacts, WandbArtifacts
 from amity.suite.endpoints.controller import Controller
@@ -60,8 +61,9 @@ def open_object_store(config: SuiteConfig, store: StoreConfig, sessions: session
     raise ValueError(f"--object-store is `local` or `s3://BUCKET`, not {config.object_store!r}")
 
 
-def _no_nul_in_url(request: Request) -> None:
-    """A NUL in a path or query value would reach the database (PostgreSQL refuses it)."""
+async def _no_nul_in_url(request: Request) -> None:
+    """A NUL in a path or query value would reach the database (PostgreSQL refuses it).
+    Async: a check this small is not worth a trip to the thread pool on every request."""
     values = [*request.path_params.values(), *request.query_params.values()]
     if any("\x00" in str(v) for v in values):
         raise ApiError(422, "the URL must not contain NUL characters", loc=("path",),
@@ -121,6 +123,7 @@ def build_app(config: SuiteConfig, sessions: sessionmaker[Session], objects: Obj
     app.state.data_dir = data
     app.state.config = config
     app.state.sessions = sessions
+    app.state.callers = TtlCache(config.auth_cache_ttl_s)
     app.state.objects = objects
     app.state.max_file_bytes = parse_memory(config.max_file_size, 0)
     app.state.catalog = load_catalog(config.catalog)

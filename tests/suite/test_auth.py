@@ -11,7 +11,7 @@ from sqlalchemy import select
 from amity.suite.accounts import token_sha256
 from amity.suite.auth import SDK_UNSET_TEAM
 from amity.suite.store.models import Token
-from tests.suite.conftest import ADMIN_TOKEN, REPO
+from tests.suite.conftest import ADMIN_TOKEN, REPO, start_in_process
 from tests.suite.flows import upload
 
 MODALITY = {"input_modals": ["TEXT"], "output_modals": ["TEXT"]}
@@ -131,3 +131,30 @@ def test_admin_commands_create_accounts_that_work(tmp_path, suite):
     assert r.status_code == 200, r.text
     dup = _admin(data, "create-user", "ada")
     assert dup.returncode == 2 and "exists already" in dup.stderr and "Traceback" not in dup.stderr
+
+
+def _revoke(sessions, token: str) -> None:
+    with sessions.begin() as session:
+        session.delete(session.scalar(select(Token).where(Token.sha256 == token_sha256(token))))
+
+
+def test_a_checked_token_is_trusted_for_the_cache_ttl_only(tmp_path):
+    """Tokens can change in the database from another process (`amity admin`): the Suite
+    trusts a checked one for --auth-cache-ttl-s, and with 0 checks every request."""
+    for ttl_s, after_revoke in ((3600.0, 200), (0.0, 401)):
+        suite = start_in_process(tmp_path / str(ttl_s), auth_cache_ttl_s=ttl_s)
+        try:
+            account = suite.account("cached")
+            params = {"projectId": account.project_id}
+            assert suite.client.get("/beta/dataset", params=params,
+                                    headers=account.headers).status_code == 200
+            _revoke(suite.sessions, account.token)
+            r = suite.client.get("/beta/dataset", params=params, headers=account.headers)
+            assert r.status_code == after_revoke, (ttl_s, r.text)
+            # a token never checked is looked up, whatever the TTL
+            fresh = suite.account("fresh")
+            _revoke(suite.sessions, fresh.token)
+            assert suite.client.get("/beta/dataset", params={"projectId": fresh.project_id},
+                                    headers=fresh.headers).status_code == 401
+        finally:
+            suite.client.__exit__(None, None, None)

@@ -5,9 +5,11 @@ sockets. The lifecycle and its state machine, inference through the router
 request, kill -9 of a replica, scale-out under load and back, cross-team 404s, and a
 restart of the Suite that brings the endpoints back."""
 
+import asyncio
 import json
 import os
 import signal
+import socket
 import threading
 
 import httpx
@@ -258,6 +260,61 @@ def test_kill_9_of_a_replica_fails_its_request_and_is_replaced(suite):
     assert r.json()["model"] == endpoint
     assert http.get(f"{BASE}/{endpoint}/status").json()["status"] == "RUNNING"
     suite.running = endpoint
+
+
+def replica_metrics(endpoint_id: str) -> dict[str, float]:
+    """The Prometheus samples of the endpoint's one replica, read straight from it."""
+    [pid] = replica_pids(endpoint_id)
+    argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+    port = int(argv[argv.index(b"--port") + 1])
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", trust_env=False).text
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+
+def test_forty_concurrent_non_streamed_requests_all_reach_the_replica(suite):
+    """Authentication gives its database connection back before the request is
+    forwarded: more concurrent requests than the pool has connections (5 + 10) are all
+    at the replica at once, and all succeed."""
+    endpoint = suite.running  # one replica, taking up to 64 requests at once
+    body = {"model": endpoint, "prompt": "Once", "max_tokens": 480, "min_tokens": 480}
+
+    async def run() -> tuple[list[httpx.Response], float]:
+        peak = 0.0
+        async with httpx.AsyncClient(base_url=suite.url, headers=HEADERS, timeout=600,
+                                     trust_env=False) as client:
+            requests = [asyncio.ensure_future(client.post("/dedicated/v1/completions", json=body))
+                        for _ in range(40)]
+            while not all(r.done() for r in requests):
+                metrics = await asyncio.to_thread(replica_metrics, endpoint)
+                peak = max(peak, metrics["friendli_current_requests"])
+                await asyncio.sleep(0.1)
+            return [r.result() for r in requests], peak
+
+    answers, peak = asyncio.run(run())
+    assert [a.status_code for a in answers] == [200] * 40, next(a.text for a in answers
+                                                               if a.status_code != 200)
+    assert all(len(a.json()["choices"][0]["tokens"]) == 480 for a in answers)
+    assert peak == 40
+
+
+def test_a_client_disconnect_cancels_a_non_streamed_request_at_the_replica(suite):
+    endpoint = suite.running
+    before = replica_metrics(endpoint)
+    body = json.dumps({"model": endpoint, "prompt": "Once", "max_tokens": 480,
+                       "min_tokens": 480}).encode()
+    with socket.create_connection(("127.0.0.1", suite.port)) as client:
+        client.sendall(b"POST /dedicated/v1/completions HTTP/1.1\r\nHost: suite\r\n"
+                       b"Authorization: Bearer " + ADMIN_TOKEN.encode() + b"\r\n"
+                       b"Content-Type: application/json\r\nContent-Length: "
+                       + str(len(body)).encode() + b"\r\n\r\n" + body)
+        wait_for(lambda: replica_metrics(endpoint)["friendli_current_requests"] == 1, 120,
+                 "the request reaching the replica")
+    # the client is gone: the replica aborts the request rather than finishing it
+    after = wait_for(lambda: (m := replica_metrics(endpoint))["friendli_current_requests"] == 0
+                     and m, 120, "the replica dropping the request")
+    assert after["friendli_failure_by_cancel"] == before["friendli_failure_by_cancel"] + 1
+    assert after["friendli_responses_total"] == before["friendli_responses_total"]
 
 
 def test_scale_out_under_load_and_back(suite):

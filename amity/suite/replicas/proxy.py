@@ -11,7 +11,7 @@ when it is a 200, rewritten, and sent with its new length.
 
 import json
 import logging
-from collections.abc import AsyncIterable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 
 import anyio
 import httpx
@@ -100,25 +100,70 @@ class Upstream(Response):
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+async def _sent_then_set(body: AsyncIterable[bytes], sent: anyio.Event) -> AsyncIterator[bytes]:
+    async for chunk in body:
+        yield chunk
+    sent.set()
+
+
+async def _disconnect(request: Request, body_sent: anyio.Event) -> None:
+    """Returns when the client hangs up. It listens only once the body has been read
+    (a receive before would take the body's chunks)."""
+    await body_sent.wait()
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 async def forward(client: httpx.AsyncClient, url: str, request: Request,
                   body: bytes | AsyncIterable[bytes], on_close: Callable[[], None],
                   headers: list[tuple[str, str]] | None = None,
                   rewrite: Callable[[bytes], bytes] | None = None) -> Response:
     """Send `request` (with `body`) to `url` and relay the answer (a 200 through
     `rewrite` when given). `on_close` runs once, whatever happens, when the exchange
-    is over."""
+    is over. A client that hangs up before the answer starts (a non-streamed one comes
+    whole, when the replica is done) cancels the exchange: the connection to the
+    replica closes, and the replica aborts the request."""
+    body_sent = anyio.Event()
+    if isinstance(body, bytes):
+        body_sent.set()
+    else:
+        body = _sent_then_set(body, body_sent)
     outgoing = client.build_request(request.method, url, params=request.query_params,
                                     headers=headers if headers is not None
                                     else request_headers(request), content=body)
+    answer: httpx.Response | Response | None = None
+    failure: Exception | None = None  # raised out here: a task group would wrap it
     try:
-        answer = await client.send(outgoing, stream=True)
-    except httpx.HTTPError as error:
-        on_close()
-        return replica_unreachable(error)
+        async with anyio.create_task_group() as group:
+            async def send() -> None:
+                nonlocal answer, failure
+                try:
+                    answer = await client.send(outgoing, stream=True)
+                except httpx.HTTPError as error:
+                    answer = replica_unreachable(error)
+                except Exception as error:  # noqa: BLE001 - e.g. the client's body broke off
+                    failure = error
+                group.cancel_scope.cancel()
+
+            async def watch_disconnect() -> None:
+                await _disconnect(request, body_sent)
+                group.cancel_scope.cancel()
+
+            group.start_soon(send)
+            group.start_soon(watch_disconnect)
     except BaseException:
+        if isinstance(answer, httpx.Response):
+            with anyio.CancelScope(shield=True):
+                await answer.aclose()
         on_close()
         raise
-    return Upstream(answer, on_close, rewrite)
+    if isinstance(answer, httpx.Response):
+        return Upstream(answer, on_close, rewrite)
+    on_close()
+    if failure is not None:
+        raise failure
+    # None: the client hung up; nobody reads this answer (499, as nginx logs it).
+    return answer or Response(status_code=499)
 
 
 def new_client() -> httpx.AsyncClient:
