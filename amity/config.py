@@ -12,8 +12,10 @@ import typing
 from dataclasses import dataclass, field
 
 
-def _opt(default, help: str, aliases: tuple[str, ...] = (), choices=None):
-    return field(default=default, metadata={"help": help, "aliases": aliases, "choices": choices})
+def _opt(default, help: str, aliases: tuple[str, ...] = (), choices=None, const=None):
+    """`const`: the value of the flag given alone (`--compile` for `--compile true`)."""
+    return field(default=default, metadata={"help": help, "aliases": aliases, "choices": choices,
+                                            "const": const})
 
 
 @dataclass
@@ -54,11 +56,15 @@ class EngineConfig:
         "the accuracy cost of each is measured in benchmarks/README.md.",
         choices=("auto", "none", "bf16", "bf16-weight", "int8", "int8-weight", "int4"),
     )
-    compile: bool = _opt(
-        False,
+    compile: str = _opt(
+        "auto",
         "Run the decoder layers through torch.compile (inductor): fused elementwise ops, "
-        "1.2-1.5x faster on this CPU, after a compile of about three minutes at the first "
-        "start (cached on disk: later starts take 15-20 s).",
+        "1.2-1.5x faster on this CPU. auto: a server answers at once with the eager model and "
+        "compiles in a background thread, switching to the compiled graphs between two steps "
+        "when they are ready (about three minutes on a machine that never compiled them, "
+        "15-20 s from inductor's disk cache; offline use without a server stays eager). "
+        "true (or a bare --compile): compile before serving. false: eager only.",
+        choices=("auto", "true", "false"), const="true",
     )
     kv_cache_memory: str = _opt(
         "0.1",
@@ -260,7 +266,7 @@ class SuiteClientConfig:
                                   "owner's default team.")
 
 def _declared_type(f: dataclasses.Field):
-    return f.type if not isinstance(f.type, str) else eval(f.type, vars(typing), vars(types))  # noqa: S307
+    return f.type if not isinstance(f.type, str) else eval(f.type, vars(typing), vars(types))
 
 
 def _field_type(f: dataclasses.Field) -> type:
@@ -284,6 +290,8 @@ def add_arguments(parser: argparse.ArgumentParser, config_cls: type) -> None:
                 kwargs["nargs"] = "*"
             if f.metadata.get("choices"):
                 kwargs["choices"] = f.metadata["choices"]
+            if f.metadata.get("const") is not None:
+                kwargs["nargs"], kwargs["const"] = "?", f.metadata["const"]
         parser.add_argument(*names, **kwargs)
 
 

@@ -69,7 +69,8 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--quantization", nargs="+", default=["none"],
                         help="amity runs once per scheme listed (auto, none, bf16, bf16-weight, int8, int8-weight, int4)")
-    parser.add_argument("--compile", action="store_true", help="amity with --compile (torch.compile)")
+    parser.add_argument("--compile", default="false", choices=("true", "false"),
+                        help="amity with --compile true (torch.compile before the run) or false")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--num-threads", type=int, default=None, help="amity's CPU threads (default: all cores)")
     args = parser.parse_args()

@@ -164,6 +164,7 @@ class AsyncEngine:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stopping, self._dead = False, None
+        self._worker.submit(self._core.start_background_compile)  # --compile auto
         self._running = self._worker.submit(self._run)
 
     async def shutdown(self) -> None:

@@ -35,7 +35,8 @@ from amity.engine.sampling_params import SamplingParams
 from amity.engine.scheduler import Scheduler
 from amity.engine import structured_output
 from amity.engine.model_runner import ModelRunner
-from amity.models.compilation import compile_model
+from amity.engine.background_compile import BackgroundCompile, CompileState
+from amity.models.compilation import CompiledForward, warm_up
 from amity.models.dtype import prepare_device
 from amity.models.loader import LoadedModel
 from amity.models.lora import apply_lora
@@ -79,8 +80,8 @@ class LLMEngine:
         self.task = served.task
         self.pooler = served.pooler
         self.model = served.network
-        if config.compile and served.can_generate:
-            self.model = compile_model(self.model, self.device)
+        self._background_compile: BackgroundCompile | None = None
+        self._compiled = False
         self.model_config = served.config
         self.tokenizer = served.tokenizer
         self.model_path = served.path
@@ -121,8 +122,8 @@ class LLMEngine:
             if not sep:
                 raise ValueError(f"--lora-modules takes ROUTE=PATH; got {module!r}")
             self.load_lora_adapter(route, path)
-        if config.compile and served.can_generate:
-            self._compile_graphs()
+        if config.compile == "true" and served.can_generate:
+            self._compile_now()
 
     def _init_kv_cache(self, config: EngineConfig, hf) -> None:
         num_layers = hf.num_hidden_layers
@@ -151,15 +152,38 @@ class LLMEngine:
                     self.model_path.name, self.task, self.device, self.dtype, self.num_blocks,
                     self.block_size, self.max_model_len)
 
-    def _compile_graphs(self) -> None:
-        """Runs a step of two or more tokens and one of a single token, so both
-        compiled graphs (compilation.py) exist before the first request. The
-        prompts are shorter than a block: nothing stays in the prefix cache."""
-        logger.info("compiling the model (--compile); the first start on a machine takes about three minutes")
+    def _compile_now(self) -> None:
+        """`--compile true`: both compiled graphs (compilation.py) exist before the first request."""
+        logger.info("compiling the model (--compile true); the first start on a machine takes about three minutes")
         started = time.perf_counter()
-        greedy = SamplingParams(temperature=0, max_tokens=2, min_tokens=2)
-        self.generate([[0, 1, 2]], greedy)
+        forward = CompiledForward(self.model.forward, self.device)
+        warm_up(forward, self.model, self.kv_caches)
+        self.runner.forward, self._compiled = forward, True
         logger.info("compiled in %.1f s", time.perf_counter() - started)
+
+    def start_background_compile(self) -> None:
+        """`--compile auto`: compile beside the eager steps (background_compile.py); the
+        first step after it is ready switches to the compiled graphs. What a server
+        does when it starts serving (AsyncEngine.start); offline use stays eager."""
+        if (self.config.compile == "auto" and self.served.can_generate and not self._compiled
+                and self._background_compile is None):
+            self._background_compile = BackgroundCompile(self.model, self.kv_caches)
+
+    def _adopt_compiled(self) -> None:
+        forward = self._background_compile.take()
+        if forward is not None:
+            self.runner.forward, self._compiled = forward, True
+            self._background_compile = None
+
+    @property
+    def compile_state(self) -> CompileState:
+        """Ready counts as compiled: the next step takes it."""
+        background = self._background_compile
+        if self._compiled or (background is not None and background.wait(0) and not background.failed):
+            return CompileState.COMPILED
+        if background is None:
+            return CompileState.EAGER
+        return CompileState.FAILED if background.failed else CompileState.COMPILING
 
     # -- LoRA adapters ------------------------------------------------------
 
@@ -436,6 +460,8 @@ class LLMEngine:
         says. False with requests unfinished means none can run until a request is
         added or aborted, so a driving loop waits for its next command instead of
         stepping again."""
+        if self._background_compile is not None:
+            self._adopt_compiled()
         plan = self.scheduler.schedule()
         self.last_step_scheduled = bool(plan.scheduled)
         if not plan.scheduled:
@@ -617,4 +643,5 @@ class LLMEngine:
             "num_cached_blocks": pool.num_cached_blocks,
             "prefix_cache_hit_rate": self.kv.prefix_cache_hit_rate,
             "num_steps": self.num_steps,
+            "compile_state": int(self.compile_state),
         }

@@ -49,6 +49,9 @@ class ModelRunner:
                  lora: LoraSlots | None = None):
         self.model = model
         self.batch = batch
+        # The decoder stack: the model itself, or its compiled forward (compilation.py),
+        # swapped in between two steps.
+        self.forward = model
         self.lora = lora
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -129,7 +132,7 @@ class ModelRunner:
             embeds = embeds.index_copy(0, inputs.replaced_indices, inputs.replaced_vectors)
         if self.lora is not None:
             self.lora.set_step(inputs.adapter_slots)
-        hidden = self.model(embeds, inputs.positions, self.kv_caches, inputs.attn)
+        hidden = self.forward(embeds, inputs.positions, self.kv_caches, inputs.attn)
         logits = None
         if inputs.logit_rows:
             logits = self.model.compute_logits(hidden[inputs.logits_indices]).float()

@@ -14,15 +14,18 @@ One graph serves every step: the number of tokens is dynamic, and the attention
 metadata's sizes (how many sequences, how many blocks) are unbacked, since only
 the opaque attention op reads them, so a new mix of prefills and decodes does not
 recompile. Dynamo still specialises a one-token step, so there are two graphs:
-one token, and two or more. `LLMEngine` compiles both at start-up with a short
-warm-up generation. Inductor caches what it builds (in /tmp/torchinductor_$USER),
-so a later start on the same machine is faster: about 20 s here, against about
-three minutes cold for the default model (80 s without cpp_wrapper).
+one token, and two or more. `warm_up` builds both on scratch inputs, before
+serving (`--compile true`) or in a thread beside the live steps (`auto`,
+engine/background_compile.py). Inductor caches what it builds (in
+/tmp/torchinductor_$USER), so a later start on the same machine is faster: about
+20 s here, against about three minutes cold for the default model (80 s without
+cpp_wrapper).
 
 The embedding and the LM head stay eager: they are one op each.
 """
 
 import itertools
+import logging
 import types
 
 import torch
@@ -30,7 +33,7 @@ from torch._dynamo.decorators import mark_unbacked, maybe_mark_dynamic
 
 from amity.models.attention import AttentionMetadata
 
-
+logger = logging.getLogger("amity.engine")
 _model_keys = itertools.count()
 
 
@@ -73,6 +76,24 @@ class CompiledForward:
         return self._compiled(self._forward, inputs_embeds, positions, kv_caches, meta)
 
 
-def compile_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    model.forward = CompiledForward(model.forward, device)
-    return model
+def warm_up(forward: CompiledForward, model: torch.nn.Module,
+            kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Builds both graphs: a step of three tokens, then one of a single token, as one
+    sequence's prefill and decode. They write a scratch KV cache of four blocks shaped
+    like `kv_caches` (the block count is dynamic), so a warm-up beside live steps never
+    touches a live block; with LoRA they read the step's adapter buffer as it is and
+    never write it. Four tokens of ids 0-3: any model's vocabulary has them."""
+    k_cache = kv_caches[0][0]
+    scratch = [tuple(torch.zeros((4, *k_cache.shape[1:]), dtype=k_cache.dtype, device=k_cache.device)
+                     for _ in range(2)) for _ in kv_caches]
+    as_long = {"dtype": torch.long, "device": k_cache.device}
+    with torch.inference_mode():  # as ModelRunner.execute: dynamo guards on it
+        for graph, positions in enumerate((range(3), range(3, 4)), 1):
+            logger.info("compiling graph %d of 2 (%s)", graph,
+                        "steps of two or more tokens" if len(positions) > 1 else "one-token steps")
+            ids = torch.tensor(positions, **as_long)
+            meta = AttentionMetadata(slot_mapping=ids.clone(),
+                                     query_start=torch.tensor([0, len(positions)], **as_long),
+                                     context_lens=torch.tensor([positions.stop], **as_long),
+                                     block_tables=torch.zeros((1, 1), **as_long))
+            forward(model.embed(ids), ids.clone(), scratch, meta)

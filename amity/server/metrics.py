@@ -129,6 +129,9 @@ class ServerMetrics:
                  "Free KV blocks still holding a reusable prefix."),
                 ("amity_prefix_cache_hit_rate", stats.get("prefix_cache_hit_rate", 0.0),
                  "Share of prompt tokens served from the prefix cache."),
+                ("amity_compile_state", stats.get("compile_state", 0),
+                 "--compile: 0 eager, 1 compiling in the background (serving eagerly), "
+                 "2 compiled, 3 the compile failed (serving eagerly)."),
             ):
                 yield GaugeMetricFamily(name, doc, value)
         info = GaugeMetricFamily("friendli_engine_version", "Engine version.", labels=["version"])

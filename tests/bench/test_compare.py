@@ -69,7 +69,7 @@ def test_fewer_than_three_rounds_are_refused(tmp_path):
 
 @pytest.mark.slow
 def test_two_real_servers_take_turns(tiny_llama_path, tmp_path, capsys):
-    serve = f"{sys.executable} -m amity.cli serve --model {tiny_llama_path} --port {{port}} --num-threads 1"
+    serve = f"{sys.executable} -m amity.cli serve --model {tiny_llama_path} --port {{port}} --num-threads 1 --compile false"
     args = parse(["bench", "compare", "--systems", "", "--command", f"float32={serve} --dtype float32",
                   "--command", f"auto={serve}", "--concurrency", "1,2", "--num-prompts", "2",
                   "--input-len", "8", "--output-len", "4", "--out", str(tmp_path), "--no-progress"])

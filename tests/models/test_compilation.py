@@ -5,15 +5,19 @@ Llama: prompts of 1 to 40 tokens, a small token budget so that prefills are
 chunked and share steps with decodes, and requests arriving while others run.
 Greedy tokens must be identical and logprobs equal within float tolerance; and
 whatever the mix of a step, dynamo must not build more than the two graphs
-(one-token steps and the rest) that compilation.py promises.
+(one-token steps and the rest) that compilation.py promises. `--compile auto`
+(the default) runs the same workload eagerly while a thread compiles, and again
+after it switched: the same tokens, and the live KV cache untouched by the compile.
 """
 
 import torch
 
 from amity.config import EngineConfig
+from amity.engine.background_compile import CompileState
 from amity.engine.llm_engine import LLMEngine
 from amity.engine.outputs import FinalOutput
 from amity.engine.sampling_params import SamplingParams
+from amity.models.compilation import CompiledForward
 from amity.models.loader import load_model
 
 PROMPT_LENS = [1, 3, 9, 17, 40, 2, 25]
@@ -41,7 +45,7 @@ def _run(engine: LLMEngine, vocab: int) -> dict[str, tuple[list[int], list[float
             for request_id, f in finals.items()}
 
 
-def _engine(path, compile: bool, quantization: str = "none") -> LLMEngine:
+def _engine(path, compile: str, quantization: str = "none") -> LLMEngine:
     loaded = load_model(path, torch.float32, torch.device("cpu"))
     return LLMEngine(EngineConfig(model=str(path), dtype="float32", kv_cache_memory="16MiB",
                                   block_size=8, max_num_seqs=8, max_num_batched_tokens=24,
@@ -57,10 +61,10 @@ def _assert_same(got, expected):
 
 
 def test_compiled_engine_matches_eager(tiny_llama_path):
-    eager = _engine(tiny_llama_path, compile=False)
+    eager = _engine(tiny_llama_path, compile="false")
     expected = _run(eager, eager.vocab_size)
     torch._dynamo.reset()
-    compiled = _engine(tiny_llama_path, compile=True)
+    compiled = _engine(tiny_llama_path, compile="true")
     _assert_same(_run(compiled, eager.vocab_size), expected)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
 
@@ -68,9 +72,29 @@ def test_compiled_engine_matches_eager(tiny_llama_path):
 def test_second_compiled_model_keeps_its_own_graphs(tiny_llama_path):
     """Dynamo caches graphs per code object, and compilation.py skips guards on
     modules: a second model of another structure must still get its own graphs."""
-    first = _engine(tiny_llama_path, compile=True)
+    first = _engine(tiny_llama_path, compile="true")
     _run(first, first.vocab_size)
-    eager = _engine(tiny_llama_path, compile=False, quantization="int8-weight")
+    eager = _engine(tiny_llama_path, compile="false", quantization="int8-weight")
     expected = _run(eager, eager.vocab_size)
-    second = _engine(tiny_llama_path, compile=True, quantization="int8-weight")
+    second = _engine(tiny_llama_path, compile="true", quantization="int8-weight")
     _assert_same(_run(second, eager.vocab_size), expected)
+
+
+def test_background_compile_switches_between_steps_without_changing_results(tiny_llama_path):
+    eager = _engine(tiny_llama_path, compile="false")
+    expected = _run(eager, eager.vocab_size)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    engine = _engine(tiny_llama_path, compile="auto")
+    assert engine.compile_state is CompileState.EAGER  # until a server starts it
+    engine.start_background_compile()
+    assert engine.compile_state is CompileState.COMPILING
+    _assert_same(_run(engine, engine.vocab_size), expected)  # eager steps beside the compile
+    live_kv = [t.clone() for pair in engine.kv_caches for t in pair]
+    assert engine._background_compile.wait(timeout_s=600)
+    assert engine.compile_state is CompileState.COMPILED
+    assert all(torch.equal(a, b) for a, b in zip(live_kv, (t for pair in engine.kv_caches for t in pair)))
+    assert engine.runner.forward is engine.model  # the switch waits for a step
+    _assert_same(_run(engine, engine.vocab_size), expected)
+    assert isinstance(engine.runner.forward, CompiledForward)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2

@@ -248,7 +248,7 @@ def test_compiled_engine_serves_adapters_as_eager(tiny_llama_path, adapters):
     expected = _outputs(eager, jobs)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()  # reset() keeps the counts of earlier tests' graphs
-    compiled = lora_engine(tiny_llama_path, start, max_num_batched_tokens=24, compile=True)
+    compiled = lora_engine(tiny_llama_path, start, max_num_batched_tokens=24, compile="true")
     compiled.load_lora_adapter("mlp", str(dirs["mlp"]))  # after the graphs were built
     for (tokens, logprobs), (want_tokens, want_logprobs) in zip(_outputs(compiled, jobs), expected):
         assert tokens == want_tokens

@@ -54,7 +54,7 @@ class RunningServer:
 
 @pytest.fixture(scope="session")
 def engine():
-    return AsyncEngine.from_config(EngineConfig(max_model_len=2048))
+    return AsyncEngine.from_config(EngineConfig(max_model_len=2048, compile="false"))
 
 
 @pytest.fixture(scope="session")

@@ -140,7 +140,7 @@ def served(tiny_llama_path, tmp_path_factory):
     port = free_port()
     with ServerProcess("--model", str(model), "--port", str(port), "--max-queue-len",
                        str(QUEUE_LIMIT), "--kv-cache-memory", "8MiB", "--max-num-seqs", "16",
-                       "--max-num-batched-tokens", "128") as sp:
+                       "--max-num-batched-tokens", "128", "--compile", "false") as sp:
         sp.url = f"http://127.0.0.1:{port}"
         sp.poll_health_until_ready(sp.url, START_TIMEOUT_S)
         yield sp

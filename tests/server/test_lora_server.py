@@ -29,7 +29,7 @@ def adapter_dirs(tiny_llama_path, tmp_path_factory):
 
 def _config(tiny_llama_path, lora_modules, max_loras: int = 2) -> EngineConfig:
     return EngineConfig(model=str(tiny_llama_path), dtype="float32", kv_cache_memory="16MiB", num_threads=1,
-                        max_loras=max_loras, lora_modules=lora_modules)
+                        max_loras=max_loras, lora_modules=lora_modules, compile="false")
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +133,8 @@ def test_bad_adapter_requests(http, base_name, adapter_dirs, tmp_path):
 
 def test_server_without_lora_refuses_loading(tiny_llama_path, adapter_dirs):
     engine = AsyncEngine.from_config(EngineConfig(model=str(tiny_llama_path), dtype="float32",
-                                                  kv_cache_memory="16MiB", num_threads=1))
+                                                  kv_cache_memory="16MiB", num_threads=1,
+                                                  compile="false"))
     with RunningServer(engine, free_port()) as running, httpx.Client(base_url=running.url) as http:
         res = http.post("/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": str(adapter_dirs["full"])})
         assert res.status_code == 400 and "--enable-lora" in res.text

@@ -51,7 +51,8 @@ def train_secret_adapter(tokenizer, directory) -> None:
 @pytest.fixture(scope="module")
 def server():
     engine = AsyncEngine.from_config(EngineConfig(enable_lora=True, max_loras=1, max_lora_rank=8,
-                                                  max_model_len=2048, kv_cache_memory="128MiB"))
+                                                  max_model_len=2048, kv_cache_memory="128MiB",
+                                                  compile="false"))
     with RunningServer(engine, free_port()) as running:
         yield running
 

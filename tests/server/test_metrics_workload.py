@@ -66,7 +66,7 @@ def served():
         metrics_port = free_port()
     with ServerProcess("--port", str(port), "--metrics-port", str(metrics_port),
                        "--max-num-seqs", "1", "--max-queue-len", "2",
-                       "--kv-cache-memory", "128MiB") as sp:
+                       "--kv-cache-memory", "128MiB", "--compile", "false") as sp:
         sp.url = f"http://127.0.0.1:{port}"
         sp.metrics_url = f"http://127.0.0.1:{metrics_port}"
         sp.poll_health_until_ready(sp.url, START_TIMEOUT)

@@ -109,7 +109,7 @@ class ServerProcess:
 @pytest.fixture(scope="module")
 def served():
     port = free_port()
-    with ServerProcess("--port", str(port), "--kv-cache-memory", "128MiB") as sp:
+    with ServerProcess("--port", str(port), "--kv-cache-memory", "128MiB", "--compile", "false") as sp:
         sp.url = f"http://127.0.0.1:{port}"
         sp.poll_health_until_ready(sp.url, START_TIMEOUT)
         sp.start = sp.wait_for_line(START_LINE, 30)
@@ -182,7 +182,7 @@ def test_friendli_aliases_hf_model_name_and_web_server_port(tmp_path):
     model.symlink_to(default_model_path())
     port = free_port()
     with ServerProcess("--hf-model-name", str(model), "--web-server-port", str(port),
-                       "--kv-cache-memory", "128MiB") as sp:
+                       "--kv-cache-memory", "128MiB", "--compile", "false") as sp:
         url = f"http://127.0.0.1:{port}"
         sp.poll_health_until_ready(url, START_TIMEOUT)
         name, where = sp.wait_for_line(START_LINE, 30).groups()

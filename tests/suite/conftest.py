@@ -66,7 +66,10 @@ class InProcessSuite:
 def start_in_process(data_dir: Path, database_url: str | None = None, **config) -> InProcessSuite:
     os.environ["AMITY_ADMIN_TOKEN"] = ADMIN_TOKEN
     try:
-        suite = open_suite(SuiteConfig(**{"container_model": "none", **config}),
+        # Replicas stay eager: a background compile per replica would slow the tests.
+        suite = open_suite(SuiteConfig(**{"container_model": "none",
+                                          "replica_args": "--kv-cache-memory 256MiB --compile false",
+                                          **config}),
                            StoreConfig(str(data_dir), database_url),
                            announce=lambda _line: None)
     finally:
@@ -94,6 +97,8 @@ class SuiteProcess:
         # No container of the default model unless a test asks for one.
         if not any(a.startswith("--container-model") for a in extra):
             extra = ("--container-model", "none", *extra)
+        if "--replica-args" not in extra:  # eager replicas, as in start_in_process
+            extra = ("--replica-args", "--kv-cache-memory 256MiB --compile false", *extra)
         self.data_dir, self.extra = data_dir, extra
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -16,7 +16,7 @@ TINY_REPO = "acme/tiny-chat"
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 SUITE_FLAGS = ("--autoscale-interval-s", "0.3", "--replica-args",
-               "--kv-cache-memory 32MiB --num-threads 1", "--queue-timeout-s", "2",
+               "--kv-cache-memory 32MiB --num-threads 1 --compile false", "--queue-timeout-s", "2",
                "--target-outstanding", "1", "--wake-timeout-s", "240")
 ADVANCED = {"tokenizer_skip_special_tokens": True, "tokenizer_add_special_tokens": False,
             "max_token_count": 512}

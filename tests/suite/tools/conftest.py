@@ -22,7 +22,8 @@ class Container:
         self.log_path = log_dir / f"container-{self.port}.log"
         self.log = open(self.log_path, "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "amity.cli", "serve", "--port", str(self.port), *args],
+            [sys.executable, "-m", "amity.cli", "serve", "--port", str(self.port),
+             "--compile", "false", *args],
             cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONPATH": str(REPO)})
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -27,7 +27,7 @@ def test_friendli_0_12_8_drives_every_serverless_operation(tmp_path, speech_dir)
     # same prompt's prefix comes from the cache (the streamed call after the plain one
     # wrote a broken expression), and the checks compare the call exactly.
     suite = SuiteProcess(tmp_path / "data", "--wake-timeout-s", "900", "--replica-args",
-                         "--kv-cache-memory 256MiB --no-enable-prefix-caching").start()
+                         "--kv-cache-memory 256MiB --no-enable-prefix-caching --compile false").start()
     try:
         env = {**os.environ, "SUITE_URL": suite.url, "SUITE_TOKEN": ADMIN_TOKEN,
                "SUITE_MODEL": SMOL, "SUITE_WHISPER": WHISPER,

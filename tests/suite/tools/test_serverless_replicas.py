@@ -37,7 +37,7 @@ def suite(tmp_path):
                        + ENTRY.format(id=ZERO, replicas="scale-to-zero"))
     running = start_in_process(tmp_path / "suite", catalog=str(catalog),
                                serverless_cooldown_s=COOLDOWN_S, autoscale_interval_s=0.2,
-                               wake_timeout_s=900, replica_args="--kv-cache-memory 64MiB")
+                               wake_timeout_s=900, replica_args="--kv-cache-memory 64MiB --compile false")
     yield running
     running.client.__exit__(None, None, None)
 
