@@ -88,13 +88,15 @@ def test_background_compile_switches_between_steps_without_changing_results(tiny
     engine = _engine(tiny_llama_path, compile="auto")
     assert engine.compile_state is CompileState.EAGER  # until a server starts it
     engine.start_background_compile()
+    background = engine._background_compile
     assert engine.compile_state is CompileState.COMPILING
-    _assert_same(_run(engine, engine.vocab_size), expected)  # eager steps beside the compile
+    # Eager steps beside the compile; with inductor's cache warm from the tests above,
+    # the compile may end during them and a later step switch: the results stay.
+    _assert_same(_run(engine, engine.vocab_size), expected)
     live_kv = [t.clone() for pair in engine.kv_caches for t in pair]
-    assert engine._background_compile.wait(timeout_s=600)
+    assert background.wait(timeout_s=600) and not background.failed
     assert engine.compile_state is CompileState.COMPILED
     assert all(torch.equal(a, b) for a, b in zip(live_kv, (t for pair in engine.kv_caches for t in pair)))
-    assert engine.runner.forward is engine.model  # the switch waits for a step
     _assert_same(_run(engine, engine.vocab_size), expected)
     assert isinstance(engine.runner.forward, CompiledForward)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
