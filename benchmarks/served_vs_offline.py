@@ -32,7 +32,7 @@ from pathlib import Path
 from amity.omp_wait_policy import apply_omp_wait_policy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import served  # noqa: E402 - this folder's helper
+import served  # this folder's helper, importable once the line above ran
 
 
 def offline_round(engine, prompts: list[list[int]], concurrency: int, output_len: int) -> float:
