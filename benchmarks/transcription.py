@@ -1,7 +1,9 @@
 """Audio seconds transcribed per wall second: amity over HTTP (`amity serve`) at
 concurrency 1 and 8, beside faster-whisper (same CTranslate2 files; only when
-`faster-whisper` is installed) and transformers' ASR pipeline, greedy, on clips of
-about 20-60 s of espeak-ng speech.
+`faster-whisper` is installed) and transformers' ASR pipeline (on the same weights,
+converted as the parity tests do; 30 s chunks, `batch_size` = the concurrency, as
+faster-whisper's batched pipeline batches one file's segments), greedy, English, on
+clips of about 20-60 s of espeak-ng speech.
 
     PYTHONPATH=. .venv/bin/python benchmarks/transcription.py --model whisper-tiny.en --clips 8
 """
@@ -40,7 +42,8 @@ def make_clips(count: int, seed: int = 0) -> list[np.ndarray]:
             path = os.path.join(tmp, f"{i}.wav")
             subprocess.run(["espeak-ng", "-w", path + ".raw.wav", text], check=True)
             subprocess.run(["sox", path + ".raw.wav", "-r", "16000", "-c", "1", path], check=True)
-            pieces.append(decode_audio(open(path, "rb").read()))
+            with open(path, "rb") as f:
+                pieces.append(decode_audio(f.read()))
     clips, pause = [], np.zeros(8000, np.float32)
     for _ in range(count):
         target = rng.uniform(20, 60) * 16000
@@ -77,7 +80,8 @@ def bench_amity(model: str, clips, concurrency: int) -> float:
         bodies = [wav_bytes(c) for c in clips]
 
         def one(body: bytes) -> str:
-            r = httpx.post(url + "/v1/audio/transcriptions", files={"file": ("a.wav", body)}, timeout=3600)
+            r = httpx.post(url + "/v1/audio/transcriptions", files={"file": ("a.wav", body)},
+                           data={"language": "en"}, timeout=3600)
             r.raise_for_status()
             return r.json()["text"]
 
@@ -108,6 +112,24 @@ def bench_faster_whisper(model: str, clips, concurrency: int, compute_type: str)
     return time.perf_counter() - start
 
 
+def bench_transformers(model: str, clips, concurrency: int) -> float:
+    from transformers import WhisperFeatureExtractor, WhisperTokenizerFast, pipeline
+
+    from amity.models.whisper_loader import load_whisper
+    from tests.audio.test_whisper_parity import reference
+
+    loaded = load_whisper(packaged_whisper_dir(model))
+    asr = pipeline("automatic-speech-recognition", model=reference(loaded), device="cpu",
+                   tokenizer=WhisperTokenizerFast(tokenizer_file=str(loaded.path / "tokenizer.json"),
+                                                  pad_token="<|endoftext|>"),
+                   feature_extractor=WhisperFeatureExtractor(feature_size=loaded.model.dims.num_mel_bins))
+    language = {"language": "en", "task": "transcribe"} if loaded.vocab.is_multilingual else {}
+    start = time.perf_counter()
+    for clip in clips:
+        asr(clip, chunk_length_s=30, batch_size=concurrency, generate_kwargs={"num_beams": 1, **language})
+    return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="whisper-tiny.en", choices=("whisper-tiny.en", "whisper-base"))
@@ -118,11 +140,15 @@ def main() -> None:
     print(f"{args.model}: {len(clips)} clips, {audio_s:.0f} s of audio")
     for c in (1, 8):
         wall = bench_amity(args.model, clips, c)
-        print(f"amity c={c}: {audio_s / wall:.2f} audio s per wall s")
+        print(f"amity c={c}: {audio_s / wall:.2f} audio s per wall s (load average {os.getloadavg()[0]:.1f})",
+              flush=True)
         for compute_type in ("int8", "float32"):
             wall = bench_faster_whisper(args.model, clips, c, compute_type)
             if wall is not None:
-                print(f"faster-whisper {compute_type} c={c}: {audio_s / wall:.2f} audio s per wall s")
+                print(f"faster-whisper {compute_type} c={c}: {audio_s / wall:.2f} audio s per wall s",
+                      flush=True)
+        wall = bench_transformers(args.model, clips, c)
+        print(f"transformers pipeline c={c}: {audio_s / wall:.2f} audio s per wall s", flush=True)
 
 
 if __name__ == "__main__":

@@ -109,8 +109,11 @@ class WhisperDecoderLayer(nn.Module):
 
         attn = self.encoder_attn
         q = attn.heads(attn.q_proj(self.encoder_attn_layer_norm(x))).transpose(0, 1)  # [H, T, D]
-        # Each sequence attends to its own audio: one small attention per sequence.
-        o = torch.cat([F.scaled_dot_product_attention(q[:, a:b], k_s, v_s)
+        q = q * attn.head_dim ** -0.5
+        # Each sequence attends to its own audio: one small attention per sequence,
+        # written out because SDPA on these 3-D shapes takes its math path, which
+        # scales a copy of the 1500-position K at every step (measured: 1.4x slower).
+        o = torch.cat([torch.softmax(q[:, a:b] @ k_s.transpose(1, 2), dim=-1) @ v_s
                        for (k_s, v_s), a, b in zip(cross, query_starts, query_starts[1:])], dim=1)
         x = x + attn.out_proj(o.transpose(0, 1).flatten(1))
         return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
