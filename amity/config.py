@@ -244,9 +244,10 @@ class SuiteConfig:
         20.0, "Wall-clock seconds a code:python-interpreter run may take.")
     # Knowledge bases (amity/suite/knowledge).
     knowledge_embedding_url: str | None = _opt(
-        None, "Base URL of a container serving an embedding model (e.g. `amity serve --model "
-              "DIR_OF_all-MiniLM-L6-v2`), which embeds knowledge documents and retrieve queries "
-              "and whose tokenizer sizes the chunks. Default: none (the knowledge routes answer 503).")
+        None, "Base URL of a container serving an embedding model, which embeds knowledge "
+              "documents and retrieve queries and whose tokenizer sizes the chunks. Default: "
+              "none: the Suite starts all-MiniLM-L6-v2 replicas itself when knowledge needs "
+              "embeddings and stops them after --serverless-cooldown-s idle.")
     knowledge_chunk_tokens: int = _opt(
         128, "Most tokens (the embedder's, without special tokens) in a knowledge chunk.")
     knowledge_chunk_overlap_tokens: int = _opt(

@@ -30,7 +30,8 @@ KNOWLEDGE_ERRORS = {
     409: {"model": ErrorBody, "description": "The document is in the base already, or the "
                                              "embedding container serves another model."},
     502: {"model": ErrorBody, "description": "The embedding container failed."},
-    503: {"model": ErrorBody, "description": "No embedding container is configured."},
+    503: {"model": ErrorBody, "description": "The embedding model is starting (Retry-After) "
+                                             "or could not start."},
 }
 KnowledgeId = Path(description="Knowledge base ID")
 
@@ -58,7 +59,7 @@ def retrieve(request: Request, body: s.ServerlessKnowledgeRetrievalBody,
              who: Caller = Depends(caller)):
     knowledge = _knowledge(request)
     with _embedding():
-        hits = search.retrieve(request.app.state.sessions, knowledge.require_embedder,
+        hits = search.retrieve(request.app.state.sessions, lambda: knowledge.embedder(request),
                                knowledge.cache, who, body.knowledgeIds[0], body.query, body.k)
     return s.ServerlessKnowledgeRetrievalSuccess(results=[
         s.KnowledgeRetrievedChunk(text=h.text, score=h.score, contentChunkId=h.chunk_id,
@@ -122,18 +123,17 @@ def add_files(request: Request, body: s.AddDocumentsRequest, knowledge_id: Name 
             if bases.document_exists(session, base, file_id):
                 raise ApiError(409, f"the file {file_id} is in the knowledge base already",
                                loc=("body", "fileIds"), type="conflict")
-    embedder = knowledge.require_embedder()
     files = StoreFiles(state.sessions, state.objects, who, state.config.file_ttl_s)
-    prepared = []
+    documents = []
     for i, file_id in enumerate(body.fileIds):
         try:
-            name, data = files.read(file_id, MAX_FILE_BYTES)
+            documents.append((file_id, *files.read(file_id, MAX_FILE_BYTES)))
         except ToolError as error:
             status = 404 if error.type == "file_not_found" else 422
             raise ApiError(status, error.msg, loc=("body", "fileIds", i), type=error.type) from None
-        with _embedding():
-            prepared.append(ingest.prepare(embedder, knowledge.sizes, file_id, name, data, file_id))
-    with _embedding():
+    with _embedding(), knowledge.embedder(request) as embedder:
+        prepared = [ingest.prepare(embedder, knowledge.sizes, file_id, name, data, file_id)
+                    for file_id, name, data in documents]
         added = ingest.store(state.sessions, who, knowledge_id, embedder.model, prepared)
     return s.ListDocumentsResponse(data=[_document(d) for d in added])
 
@@ -152,8 +152,7 @@ def upload_document(request: Request, knowledge_id: Name = KnowledgeId,
     if len(data) > MAX_FILE_BYTES:
         raise ApiError(422, f"documents may be at most {MAX_FILE_BYTES} bytes",
                        loc=("body", "file"), type="too_large")
-    embedder = knowledge.require_embedder()
-    with _embedding():
+    with _embedding(), knowledge.embedder(request) as embedder:
         prepared = ingest.prepare(embedder, knowledge.sizes, new_id("doc"), file.filename or "", data)
         [document] = ingest.store(state.sessions, who, knowledge_id, embedder.model, [prepared])
     return _document(document)

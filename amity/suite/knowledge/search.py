@@ -9,6 +9,7 @@ them serves a stale base.
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -52,18 +53,19 @@ class IndexCache:
             return index
 
 
-def retrieve(sessions: sessionmaker[Session], require_embedder: Callable[[], Embedder],
+def retrieve(sessions: sessionmaker[Session],
+             embedding: Callable[[], AbstractContextManager[Embedder]],
              cache: IndexCache, who: Caller, knowledge_id: str, query: str, k: int) -> list[Hit]:
-    """The request's own faults (an unknown base) are told before the Suite's (no
-    embedding container); an empty base needs no embedder."""
+    """The request's own faults (an unknown base) are told before the Suite's (the
+    embedder failing); an empty base needs no embedder."""
     loc = ("body", "knowledgeIds", 0)
     with sessions() as session:
         base = bases.team_base(session, who, knowledge_id, loc)
     if base.dimension is None:  # no document yet
         return []
-    embedder = require_embedder()
-    bases.check_embedder(base, embedder.model, loc)
-    query_vector = embedder.embed([query])[0]
+    with embedding() as embedder:
+        bases.check_embedder(base, embedder.model, loc)
+        query_vector = embedder.embed([query])[0]
     found = cache.get(base.pk, base.revision, base.dimension).search(query_vector, k)
     with sessions() as session:
         by_pk = bases.chunks(session, [pk for pk, _ in found])

@@ -12,22 +12,31 @@ set per model, on the replica manager (the dedicated endpoints' backend).
   request tries again.
 - `--serverless-model-urls ID=URL` overrides: that model's requests go to a container
   the operator runs (it must serve under the catalog id for the inference routes).
+- Besides the catalog's models, the Suite's own (the knowledge embedder) are served
+  the same way: anything with an id, a source and a replicas policy (SharedModel).
 """
 
 import asyncio
 import logging
 import time
 from pathlib import Path
+from typing import Protocol
 
 from amity.config import SuiteConfig
 from amity.suite.replicas.backend import ReplicaFailed, ReplicaSpec
 from amity.suite.replicas.manager import ReplicaManager
 from amity.suite.replicas.pool import Lease, ReplicaSet
-from amity.suite.serverless.catalog import CatalogEntry
 from amity.suite.serverless.sources import model_path
 
 log = logging.getLogger("amity.suite.serverless")
 SET_PREFIX = "serverless:"  # the manager's name of a catalog model's replica set
+
+
+class SharedModel(Protocol):
+    """What shared replicas need of a model (a CatalogEntry is one)."""
+    id: str
+    source: str  # sources.model_path
+    replicas: str  # "always-on" | "scale-to-zero"
 
 
 class StartFailed(Exception):
@@ -54,7 +63,7 @@ class ServerlessReplicas:
         self._starting: dict[str, asyncio.Task] = {}
         self._sweeper: asyncio.Task | None = None
 
-    async def lease(self, entry: CatalogEntry) -> Lease:
+    async def lease(self, entry: SharedModel) -> Lease:
         """A slot for one request on a replica of `entry`. Raises TimeoutError (not
         ready within the wait), StartFailed, QueueTimeout (every slot busy)."""
         if entry.id in self.overrides:
@@ -64,7 +73,7 @@ class ServerlessReplicas:
         # never sees a set idle that a request is about to use.
         return await replicas.lease(self.config.queue_timeout_s)
 
-    async def _ready(self, entry: CatalogEntry) -> ReplicaSet:
+    async def _ready(self, entry: SharedModel) -> ReplicaSet:
         name = SET_PREFIX + entry.id
         current = self.manager.named.get(name)
         if current is not None and current[0].replicas and name not in self._starting:
@@ -81,7 +90,7 @@ class ServerlessReplicas:
             raise TimeoutError(f"{entry.id} is still starting after "
                                f"{self.config.wake_timeout_s:g} s") from None
 
-    async def _start(self, entry: CatalogEntry, name: str) -> ReplicaSet:
+    async def _start(self, entry: SharedModel, name: str) -> ReplicaSet:
         try:
             # Assembling a split GGUF reads hundreds of MB: not on the event loop.
             path = await asyncio.to_thread(model_path, entry.source, self.cache_dir)

@@ -15,7 +15,7 @@ from amity.suite.replicas.pool import Lease, QueueTimeout
 from amity.suite.inference_body import read_inference_body
 from amity.suite.router import not_ready, queue_full, relay
 from amity.suite.serverless.catalog import CatalogEntry
-from amity.suite.serverless.endpoints import StartFailed
+from amity.suite.serverless.endpoints import SharedModel, StartFailed
 
 PATHS = ("/v1/chat/completions", "/v1/chat/render", "/v1/messages", "/v1/completions",
          "/v1/tokenize", "/v1/detokenize", "/v1/audio/transcriptions")
@@ -32,7 +32,7 @@ def catalog_model(request: Request, model: str) -> CatalogEntry:
     return entry
 
 
-async def lease(request: Request, entry: CatalogEntry) -> Lease:
+async def lease(request: Request, entry: SharedModel) -> Lease:
     """A slot on a replica of `entry`, with the replica failures as HTTP errors."""
     try:
         return await request.app.state.serverless.lease(entry)

@@ -9,14 +9,16 @@ result.
 """
 
 import json
+from collections.abc import Awaitable, Callable
 
+import anyio
 import httpx
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from amity.suite.auth import Caller, caller
 from amity.suite.errors import ApiError
-from amity.suite.replicas.pool import Lease
 from amity.suite.serverless.inference import catalog_model, lease
 from amity.suite.serverless.schemas import (FileBuiltInTool, FunctionTool,
                                             ServerlessModelListSuccess, ToolAssistedChatBody)
@@ -85,8 +87,7 @@ def _frame(data: dict, event: str | None = None) -> bytes:
     return (f"event: {event}\n" if event else "").encode() + f"data: {text}\n\n".encode()
 
 
-async def _frames(loop: ToolLoop, events, first, http: httpx.AsyncClient, slot: Lease,
-                  include_usage: bool):
+async def _frames(loop: ToolLoop, events, first, include_usage: bool):
     try:
         item = first
         while item is not None:
@@ -104,9 +105,25 @@ async def _frames(loop: ToolLoop, events, first, http: httpx.AsyncClient, slot: 
         yield _frame({"error": {"message": _detail(error), "type": "container_error",
                                 "code": error.status}})
         yield DONE
-    finally:
-        await http.aclose()
-        slot.release()
+
+
+class _LoopStream(StreamingResponse):
+    """A tool loop's stream, which closes the loop (its container request, the HTTP
+    client, the replica slot) however it ends. Not in the frames' generator: a client
+    that left before the first byte makes Starlette cancel the body before it starts,
+    and a generator that never started runs no `finally`."""
+
+    def __init__(self, frames, close: Callable[[], Awaitable[None]]):
+        super().__init__(frames, media_type="text/event-stream")
+        self.close = close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()
+                await self.close()
 
 
 def _result(loop: ToolLoop) -> dict:
@@ -146,14 +163,19 @@ async def tool_assisted_chat(body: ToolAssistedChatBody, request: Request,
     http = httpx.AsyncClient(timeout=CONTAINER_TIMEOUT, trust_env=False)
     loop = ToolLoop(http, slot.url, loop_request)
     events = loop.run()
-    handed_over = False  # to a stream, which closes all three when it ends (_frames)
+
+    async def close() -> None:
+        await events.aclose()  # ends its request to the container
+        await http.aclose()
+        slot.release()
+
+    handed_over = False  # to a stream, which closes the loop when it ends (_LoopStream)
     try:
         # The first turn's refusal (a bad sampling value, say) is the response's status.
         first = await anext(events, None)
         if wants_stream(body.stream, accept):
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            response = StreamingResponse(_frames(loop, events, first, http, slot, include_usage),
-                                         media_type="text/event-stream")
+            response = _LoopStream(_frames(loop, events, first, include_usage), close)
             handed_over = True
             return response
         async for _ in events:
@@ -162,7 +184,5 @@ async def tool_assisted_chat(body: ToolAssistedChatBody, request: Request,
         raise ApiError(error.status, _detail(error), loc=("body",), type="container_error") from None
     finally:
         if not handed_over:
-            await events.aclose()
-            await http.aclose()
-            slot.release()
+            await close()
     return _result(loop)

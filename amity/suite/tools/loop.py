@@ -9,11 +9,17 @@ conversation, and asks again, until the model answers.
   `finish_reason: tool_calls` and those calls, as plain chat does (the client runs
   them); built-in calls made in that same turn are dropped, not run.
 - `tool_choice` applies to the first turn (a forced call is the container's grammar);
-  later turns are `auto`, and after MAX_TOOL_ROUNDS rounds of built-in calls `none`,
-  so the model has to answer.
-- A built-in call the model already made (same tool, same arguments) is not run
-  again: small models repeat a call after its result (Qwen2.5 0.5B does); the turn
-  is asked again with `tool_choice: none`, so the model answers from the result.
+  later turns are `auto`.
+- The answer turn: when the model repeats a built-in call it made before (same tool,
+  same arguments), or after MAX_TOOL_ROUNDS rounds of calls, the repeated call is not
+  run and the model is asked once more, with no tools, for an answer: the client's
+  messages, then a user message listing each call made and its result and asking
+  for the answer (ANSWER_PROMPT). Small models repeat calls after their results:
+  Qwen2.5-Coder-0.5B does in every tool-message shape tried, and, given the tool
+  exchange in its own template's form with tools withdrawn, writes the call again
+  as text; given the results as plain text it answers. Agent frameworks end a
+  stuck loop the same way (smolagents' final answer step: the memory, then "Based on
+  the above, please provide an answer to the following user task").
 - A failed tool call stops the response unless `resume_generation` is set; with it,
   the error goes back to the model, and more than MAX_ERRORS failures stop it anyway.
 - Usage is the sum over the turns.
@@ -36,6 +42,7 @@ from amity.suite.tools.base import BuiltinTool, ToolContext, ToolError, ToolOutp
 MAX_TOOL_ROUNDS = 8
 MAX_ERRORS = 8  # "if the system fails more than 8 times, the generation will stop"
 TOOL_WAIT_S = 120.0  # each tool bounds itself; this is the loop's own backstop
+ANSWER_PROMPT = "Tool results:\n{results}\n\nAnswer the question above using these results."
 
 
 class ContainerError(Exception):
@@ -128,9 +135,8 @@ class ToolLoop:
         messages = list(self.request.messages)
         choice, errors, rounds = self.request.tool_choice, 0, 0
         made: set[tuple[str, str]] = set()
+        results: list[str] = []  # each call run, "name arguments -> result", for the answer turn
         while True:
-            if rounds >= MAX_TOOL_ROUNDS:
-                choice = "none"
             turn = _Turn()
             async for item in self._turn(messages, choice, turn):
                 yield item
@@ -148,12 +154,14 @@ class ToolLoop:
                 out.finish_reason = "tool_calls"
                 yield "chunk", self.chunk({}, "tool_calls")
                 return
-            if not builtin:
+            if not builtin or choice == "none":  # no tools were offered: the turn is the answer
                 out.finish_reason = turn.finish_reason or "stop"
                 yield "chunk", self.chunk({}, out.finish_reason)
                 return
             keys = [(c["name"], _canonical(c["arguments"])) for c in builtin]
-            if all(key in made for key in keys):
+            if rounds == MAX_TOOL_ROUNDS or all(key in made for key in keys):
+                answer = ANSWER_PROMPT.format(results="\n".join(results))
+                messages = [*self.request.messages, {"role": "user", "content": answer}]
                 choice = "none"
                 continue
             made.update(keys)
@@ -180,6 +188,7 @@ class ToolLoop:
                 else:
                     content = ended["result"]
                 messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
+                results.append(f"{tool.type} {call['arguments']} -> {content}")
 
     async def _call(self, tool: BuiltinTool, call: dict) -> AsyncIterator[dict]:
         try:

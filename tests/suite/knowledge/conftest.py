@@ -1,6 +1,8 @@
 """A real embedding container (all-MiniLM-L6-v2 from its package, served by amity's
-own server in a thread) and Suites that embed with it: in-process for most tests, an
-`amity suite` process on a real socket for the CLI and the SDK."""
+own server in a thread) and in-process Suites that embed with it
+(`--knowledge-embedding-url`), for most tests; an `amity suite` process on a real
+socket with no such flag, which starts its own embedding replica, for the CLI and
+the SDK."""
 
 import pytest
 
@@ -26,8 +28,8 @@ def knowledge_suite(tmp_path, embedder_url):
 
 
 @pytest.fixture(scope="module")
-def knowledge_process(tmp_path_factory, embedder_url):
+def knowledge_process(tmp_path_factory):
     process = SuiteProcess(tmp_path_factory.mktemp("suite") / "data",
-                           "--knowledge-embedding-url", embedder_url).start()
+                           "--wake-timeout-s", "900").start()
     yield process
     process.stop()

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from amity.config import SuiteConfig
-from amity.suite.knowledge.service import Knowledge
+from amity.suite.knowledge import service
+from amity.suite.knowledge.service import EmbeddingModel, Knowledge
 from tests.suite import flows
 from tests.suite.conftest import start_in_process
 from tests.suite.knowledge.corpus import DOCUMENTS, QUESTIONS
@@ -215,16 +216,20 @@ def test_a_request_adds_all_its_files_or_none(knowledge_suite):
     assert listed.json() == {"data": []}
 
 
-def test_without_an_embedding_container_the_routes_say_so(knowledge_suite):
+def test_an_embedder_that_cannot_start_is_a_503_after_the_requests_own_faults(
+        knowledge_suite, monkeypatch):
     client, admin = knowledge_suite.client, knowledge_suite.admin
     knowledge_id = create(client, admin)
     assert upload(client, admin, knowledge_id, "a.txt", b"Owls hunt at night.").status_code == 201
     empty_id = create(client, admin, "empty")
-    # As after a restart without --knowledge-embedding-url.
+    # As after a restart without --knowledge-embedding-url, where the Suite's own
+    # embedder's package is missing.
     client.app.state.knowledge = Knowledge.from_config(SuiteConfig(), knowledge_suite.sessions)
+    monkeypatch.setattr(service, "EMBEDDER", EmbeddingModel("acme/missing", "zip:no_such_package",
+                                                            "scale-to-zero"))
     response = retrieve(client, admin, knowledge_id, "owls")
     assert response.status_code == 503
-    assert "--knowledge-embedding-url" in response.json()["detail"][0]["msg"]
+    assert "no_such_package is not installed" in response.json()["detail"][0]["msg"]
     assert upload(client, admin, knowledge_id, "b.txt", b"text").status_code == 503
     # The request's own faults come first, and an empty base needs no embedder.
     assert retrieve(client, admin, "kb_unknown", "owls").status_code == 404

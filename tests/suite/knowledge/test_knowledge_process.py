@@ -1,4 +1,5 @@
-"""A real `amity suite` process with a real embedding container: `amity knowledge
+"""A real `amity suite` process started without `--knowledge-embedding-url`, which
+starts its own all-MiniLM-L6-v2 replica on the first embedding: `amity knowledge
 create --name N FILE...` builds a base from files and prints its id, `list` and
 `retrieve` show it, and friendli==0.12.8's `serverless.knowledge.retrieve` (in the
 second venv, tests/suite/sdk012/check_knowledge.py) retrieves from it over a real
