@@ -87,11 +87,11 @@ def test_leaving_before_the_first_chunk_gives_the_replica_slot_back(served_suite
     # A whole stream first: the replica is up, and a finished stream releases its slot.
     with post(port, body) as sock:
         received = b""
-        while not received.endswith(b"data: [DONE]\n\n"):
+        while not received.endswith(b"\r\n0\r\n\r\n"):  # the chunked body's last chunk
             chunk = sock.recv(65536)
             assert chunk, received.decode(errors="replace")
             received += chunk
-    assert b"event: tool_status" in received
+    assert b"event: tool_status" in received and b"data: [DONE]" in received
     wait_until(lambda: replica_set().outstanding == 0, "a finished stream kept its slot")
 
     # Leave at once: the loop's first turn (the forced call) is still being generated,
