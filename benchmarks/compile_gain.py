@@ -17,15 +17,7 @@ import time
 
 from amity.config import EngineConfig
 from amity.engine.llm_engine import LLMEngine
-from amity.engine.sampling_params import SamplingParams
-from benchmarks.offline_throughput import make_prompts
-
-
-def tokens_per_s(engine: LLMEngine, prompts, output_len: int) -> float:
-    params = SamplingParams(temperature=0, max_tokens=output_len, min_tokens=output_len)
-    start = time.perf_counter()
-    engine.generate(prompts, params)
-    return len(prompts) * output_len / (time.perf_counter() - start)
+from benchmarks.offline_throughput import greedy_tokens_per_s, make_prompts
 
 
 def main() -> None:
@@ -43,12 +35,12 @@ def main() -> None:
         build_s[mode] = time.perf_counter() - started
     prompts = make_prompts(engines["false"].tokenizer, max(args.concurrency), args.input_len)
     for engine in engines.values():  # the first steps of a process are slower
-        tokens_per_s(engine, prompts[:1], 8)
+        greedy_tokens_per_s(engine, prompts[:1], 8)
     rates = {(mode, c): [] for mode in engines for c in args.concurrency}
     for _ in range(args.rounds):
         for c in args.concurrency:
             for mode, engine in engines.items():
-                rates[mode, c].append(tokens_per_s(engine, prompts[:c], args.output_len))
+                rates[mode, c].append(greedy_tokens_per_s(engine, prompts[:c], args.output_len))
     result = {"inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
               "eager_start_s": round(build_s["false"], 1),
               "compiled_start_s": round(build_s["true"], 1),

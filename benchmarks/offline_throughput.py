@@ -32,14 +32,21 @@ def make_prompts(tokenizer, num_prompts: int, input_len: int) -> list[list[int]]
     return prompts
 
 
-def run_amity(engine: LLMEngine, prompts, output_len: int) -> float:
+def greedy_tokens_per_s(engine: LLMEngine, prompts, output_len: int, concurrency: int | None = None) -> float:
+    """Output tokens per second of greedy generation, exactly `output_len` tokens a
+    prompt, `concurrency` prompts at a time (default: all at once)."""
     params = SamplingParams(temperature=0, max_tokens=output_len, min_tokens=output_len)
-    engine.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4))  # warm-up
+    at_once = concurrency or len(prompts)
     start = time.perf_counter()
-    finals = engine.generate(prompts, params)
-    elapsed = time.perf_counter() - start
-    assert all(len(f.ordered_choices[0].token_ids) == output_len for f in finals)
-    return len(prompts) * output_len / elapsed
+    for first in range(0, len(prompts), at_once):
+        finals = engine.generate(prompts[first:first + at_once], params)
+        assert all(len(f.ordered_choices[0].token_ids) == output_len for f in finals)
+    return len(prompts) * output_len / (time.perf_counter() - start)
+
+
+def run_amity(engine: LLMEngine, prompts, output_len: int) -> float:
+    engine.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4))  # warm-up
+    return greedy_tokens_per_s(engine, prompts, output_len)
 
 
 def run_transformers(model_path, dtype, prompts, output_len: int) -> float:

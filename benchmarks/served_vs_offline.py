@@ -32,19 +32,8 @@ from pathlib import Path
 from amity.omp_wait_policy import apply_omp_wait_policy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import served  # this folder's helper, importable once the line above ran
-
-
-def offline_round(engine, prompts: list[list[int]], concurrency: int, output_len: int) -> float:
-    """Output tokens per second, `concurrency` prompts in flight at a time."""
-    from amity.engine.sampling_params import SamplingParams
-
-    params = SamplingParams(temperature=0, max_tokens=output_len, min_tokens=output_len)
-    start = time.perf_counter()
-    for first in range(0, len(prompts), concurrency):
-        finals = engine.generate(prompts[first:first + concurrency], params)
-        assert all(len(f.ordered_choices[0].token_ids) == output_len for f in finals)
-    return len(prompts) * output_len / (time.perf_counter() - start)
+import served  # this folder's helpers, importable once the line above ran
+from offline_throughput import greedy_tokens_per_s
 
 
 def fresh_prompts(tokenizer, rng: random.Random, n: int, length: int) -> list[list[int]]:
@@ -95,7 +84,7 @@ def main() -> None:
         config["num_threads"] = int(config["num_threads"])
     engine = LLMEngine(EngineConfig(**config))
     rng = random.Random(args.seed)
-    offline_round(engine, fresh_prompts(engine.tokenizer, rng, 2, args.input_len), 2, 4)  # warm-up
+    greedy_tokens_per_s(engine, fresh_prompts(engine.tokenizer, rng, 2, args.input_len), 4, 2)  # warm-up
     log = Path(f"/tmp/served_vs_offline-{time.strftime('%H%M%S')}.log")
     proc, url = served.start_server(served.server_flags(args), log)
     num_prompts = args.waves * args.concurrency
@@ -105,7 +94,7 @@ def main() -> None:
     try:
         for round_number in range(1, args.rounds + 1):
             prompts = fresh_prompts(engine.tokenizer, rng, num_prompts, args.input_len)
-            offline = offline_round(engine, prompts, args.concurrency, args.output_len)
+            offline = greedy_tokens_per_s(engine, prompts, args.output_len, args.concurrency)
             workload.seed = args.seed + round_number  # fresh prompts for the server too
             spy = None
             if args.profile and round_number == args.rounds:

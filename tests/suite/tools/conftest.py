@@ -12,6 +12,23 @@ import pytest
 
 from tests.suite.conftest import REPO, free_port
 
+# A catalog entry (TOML) serving the default model under id {id}, with tools.
+DEFAULT_MODEL_ENTRY = """
+[[models]]
+id = "{id}"
+name = "{id}"
+description = "The default model under another name."
+source = "default"
+replicas = "{replicas}"
+max_completion_tokens = 100
+context_length = 1000
+hugging_face_url = "https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct"
+license = "https://www.apache.org/licenses/LICENSE-2.0"
+created = 1700000000
+functionality = {{ tool_call = true, builtin_tool = true, parallel_tool_call = false }}
+pricing = {{ input = 0.0, output = 0.0 }}
+"""
+
 START_TIMEOUT_S = 900  # a load takes 10-15 s here alone, minutes when the machine is shared
 
 

@@ -8,24 +8,10 @@ import time
 import pytest
 
 from tests.suite.conftest import start_in_process
+from tests.suite.tools.conftest import DEFAULT_MODEL_ENTRY
 
 pytestmark = pytest.mark.slow  # three replica starts of the default model
 
-ENTRY = """
-[[models]]
-id = "{id}"
-name = "{id}"
-description = "The default model under another name."
-source = "default"
-replicas = "{replicas}"
-max_completion_tokens = 100
-context_length = 1000
-hugging_face_url = "https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct"
-license = "https://www.apache.org/licenses/LICENSE-2.0"
-created = 1700000000
-functionality = {{ tool_call = true, builtin_tool = true, parallel_tool_call = false }}
-pricing = {{ input = 0.0, output = 0.0 }}
-"""
 ON, ZERO = "acme/always", "acme/zero"
 COOLDOWN_S = 3.0
 
@@ -33,8 +19,8 @@ COOLDOWN_S = 3.0
 @pytest.fixture
 def suite(tmp_path):
     catalog = tmp_path / "catalog.toml"
-    catalog.write_text(ENTRY.format(id=ON, replicas="always-on")
-                       + ENTRY.format(id=ZERO, replicas="scale-to-zero"))
+    catalog.write_text(DEFAULT_MODEL_ENTRY.format(id=ON, replicas="always-on")
+                       + DEFAULT_MODEL_ENTRY.format(id=ZERO, replicas="scale-to-zero"))
     running = start_in_process(tmp_path / "suite", catalog=str(catalog),
                                serverless_cooldown_s=COOLDOWN_S, autoscale_interval_s=0.2,
                                wake_timeout_s=900, replica_args="--kv-cache-memory 64MiB --compile false")

@@ -14,25 +14,12 @@ import uvicorn
 from amity.config import StoreConfig, SuiteConfig
 from amity.suite.app import open_suite
 from tests.suite.conftest import ADMIN_TOKEN, free_port
+from tests.suite.tools.conftest import DEFAULT_MODEL_ENTRY
 
 pytestmark = pytest.mark.slow  # a replica of the default model starts
 
 MODEL = "acme/tools"
-CATALOG = f"""
-[[models]]
-id = "{MODEL}"
-name = "{MODEL}"
-description = "The default model under another name."
-source = "default"
-replicas = "always-on"
-max_completion_tokens = 100
-context_length = 1000
-hugging_face_url = "https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct"
-license = "https://www.apache.org/licenses/LICENSE-2.0"
-created = 1700000000
-functionality = {{ tool_call = true, builtin_tool = true, parallel_tool_call = false }}
-pricing = {{ input = 0.0, output = 0.0 }}
-"""
+CATALOG = DEFAULT_MODEL_ENTRY.format(id=MODEL, replicas="always-on")
 WAIT_S = 600  # a generous bound on a loaded machine; the leak never ends by itself
 
 
