@@ -77,14 +77,15 @@ class EngineConfig:
     enable_prefix_caching: bool = _opt(True, "Reuse the KV blocks of cached prompt prefixes.")
     num_threads: int | None = _opt(None, "CPU threads for torch. Default: all cores.")
     omp_wait_policy: str = _opt(
-        "passive",
-        "How torch's idle OpenMP threads wait for the next parallel op: passive (sleep at "
-        "once), active (always spin) or default (the runtime's own, or the environment's "
-        "OMP_WAIT_POLICY: spin a while, then sleep). A spinning worker holds a core that the "
-        "server's event loop, its tokenizer thread and other processes need: serving "
-        "embeddings on a shared 2-core machine, the default cost 3x the CPU per text of "
-        "passive (benchmarks/README.md, Embeddings). Set as amity serve / generate start torch.",
-        choices=("passive", "active", "default"),
+        "bounded",
+        "How torch's idle OpenMP threads wait for the next parallel op: bounded (spin tens of "
+        "microseconds, then sleep), passive (sleep at once), active (always spin) or default "
+        "(the runtime's own, about 3 ms of spinning, or the environment's OMP_WAIT_POLICY). "
+        "A decode step is about 120 parallel ops: passive wakes the workers for each, which "
+        "cost a single stream 40% of its speed; on a machine that other processes keep busy, "
+        "passive gives the cores back soonest (benchmarks/README.md). Set as amity serve / "
+        "generate start torch.",
+        choices=("bounded", "passive", "active", "default"),
     )
     lora_modules: tuple[str, ...] = _opt(
         (),

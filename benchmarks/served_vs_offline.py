@@ -74,9 +74,10 @@ def main() -> None:
     parser.add_argument("--py-spy", default="py-spy")
     args = parser.parse_args()
 
-    apply_omp_wait_policy("passive")  # as `amity serve` sets it (its default), before torch
+    from amity.config import EngineConfig  # imports no torch
+
+    apply_omp_wait_policy(EngineConfig().omp_wait_policy)  # as `amity serve` sets it, before torch
     from amity.bench import serve
-    from amity.config import EngineConfig
     from amity.engine.llm_engine import LLMEngine
 
     config = {name: getattr(args, name) for name in served.SERVER_FLAGS if getattr(args, name) is not None}

@@ -45,14 +45,17 @@ def test_chat_prompt_has_one_bos(tiny_tokenizer_dir):
     assert prompt_ids(tokenizer, "Hello", chat=True) == [bos, *hf.encode("Hello", add_special_tokens=False)]
 
 
-@pytest.mark.parametrize("policy", ["passive", "active"])
-def test_omp_wait_policy_reaches_the_openmp_runtime(policy):
-    """libgomp reads OMP_WAIT_POLICY once, as torch loads it: the flag must be set by
-    then. OMP_DISPLAY_ENV makes the runtime print what it read; the run itself stops
-    at the missing model, after torch is loaded."""
+@pytest.mark.parametrize(("policy", "spin_count"), [("bounded", "3000"), ("passive", "0"),
+                                                   ("active", "30000000000")])
+def test_omp_wait_policy_reaches_the_openmp_runtime(policy, spin_count):
+    """libgomp reads its wait settings once, as torch loads it: the flag must be set by
+    then, whatever the environment said. OMP_DISPLAY_ENV makes the runtime print the spins
+    a worker makes before it sleeps; the run itself stops at the missing model, after
+    torch is loaded."""
     result = subprocess.run(
         [sys.executable, "-m", "amity.cli", "generate", "hi", "--model", "/nonexistent/model.gguf",
          "--omp-wait-policy", policy],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_DISPLAY_ENV": "TRUE"})
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "OMP_DISPLAY_ENV": "VERBOSE", "OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "7"})
     assert result.returncode == 2, result.stderr
-    assert f"OMP_WAIT_POLICY = '{policy.upper()}'" in result.stderr
+    assert f"GOMP_SPINCOUNT = '{spin_count}'" in result.stderr
