@@ -1,0 +1,83 @@
+"""One request's token history in the forms the sampler's history-wide stages
+read, kept up to date step by step instead of rebuilt from the whole history at
+every step (vLLM v1 likewise keeps each row's output token counts):
+
+* the distinct token ids of prompt + output (repetition_penalty),
+* the distinct token ids of the output and how often each occurs (frequency and
+  presence penalties),
+* for `no_repeat_ngram` n > 1, every n-gram seen, as its first n-1 tokens -> the
+  tokens that completed them.
+
+A history mirrors a request's `all_token_ids`, which only ever grows: `extend`
+reads only the tokens appended since its last call, so a decode step costs a few
+numpy operations over the distinct tokens instead of a Python pass over the whole
+history. The persistent input batch keeps one per row and drops it when the row
+changes hands (input_batch.py); the sampler builds a throwaway one for a row that
+brings none (scoring, tests), so both go through the same code.
+"""
+
+import numpy as np
+
+from amity.engine.sampling_params import SamplingParams
+
+_NONE = np.empty(0, dtype=np.int64)
+
+
+def uses_history(params: SamplingParams) -> bool:
+    """Whether the sampler reads a `TokenHistory` for rows with these parameters."""
+    return uses_counts(params) or params.no_repeat_ngram > 1
+
+
+def uses_counts(params: SamplingParams) -> bool:
+    return params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
+
+
+def _count_into(ids: np.ndarray, counts: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ascending distinct `ids` with their `counts`, and more tokens -> the same
+    with those counted too. New arrays: ones handed out earlier stay as they were."""
+    keys, n = np.unique(new, return_counts=True)
+    at = np.searchsorted(ids, keys)
+    found = at < len(ids)
+    found[found] = ids[at[found]] == keys[found]
+    counts = counts.copy()
+    counts[at[found]] += n[found]
+    missing = ~found
+    return np.insert(ids, at[missing], keys[missing]), np.insert(counts, at[missing], n[missing])
+
+
+class TokenHistory:
+    def __init__(self, params: SamplingParams):
+        self.counted = uses_counts(params)
+        self.ngram = params.no_repeat_ngram
+        self.num_tokens = 0  # how much of the history is taken in
+        self.seen = _NONE  # distinct ids of prompt + output, ascending
+        self.output_ids = _NONE  # distinct ids of the output, ascending
+        self.output_counts = _NONE  # how often each occurs
+        self._ngrams: dict[tuple[int, ...], set[int]] = {}
+
+    def extend(self, token_ids: list[int], num_prompt_tokens: int) -> None:
+        """Take in the tokens of `token_ids` (the whole history, of which the ones
+        taken in before are a prefix) appended since the last call."""
+        start = self.num_tokens
+        if len(token_ids) < start:
+            raise ValueError(f"a history of {len(token_ids)} tokens after one of {start}: histories only grow")
+        if len(token_ids) == start:
+            return
+        if self.counted:
+            new = np.array(token_ids[start:], dtype=np.int64)
+            self.seen = np.union1d(self.seen, new)
+            output = new[max(num_prompt_tokens - start, 0):]
+            if len(output):
+                self.output_ids, self.output_counts = _count_into(self.output_ids, self.output_counts, output)
+        if self.ngram > 1:
+            k = self.ngram - 1
+            for end in range(max(start, k), len(token_ids)):
+                self._ngrams.setdefault(tuple(token_ids[end - k:end]), set()).add(token_ids[end])
+        self.num_tokens = len(token_ids)
+
+    def ngram_bans(self, token_ids: list[int]) -> list[int]:
+        """HF `no_repeat_ngram_size`: every token that would complete an n-gram
+        already in the history (`token_ids`, the one taken in), ascending."""
+        if self.ngram <= 1:
+            return []
+        return sorted(self._ngrams.get(tuple(token_ids[len(token_ids) - self.ngram + 1:]), ()))
