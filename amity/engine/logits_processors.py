@@ -2,12 +2,12 @@
 
 Two kinds live here:
 
-* History rules (`bad_word_bans`, `min_length_bans`): plain-Python/CPU
-  functions of one row's token history that return the token ids to ban (set to
-  -inf) at this step. They read the history's last tokens only and loop over a
-  row's word list, never over the vocabulary. The rules that read the whole
-  history (no_repeat_ngram, the penalties' token sets) read it from
-  `amity.engine.token_history`, which keeps them step by step.
+* History rules (`bad_word_bans`, `no_repeat_ngram_bans`, `min_length_bans`):
+  plain-Python/CPU functions of one row's token history that return the token
+  ids to ban (set to -inf) at this step. They loop over a row's history or
+  word list, never over the vocabulary. A row whose history the engine keeps
+  across steps gets its no_repeat_ngram bans from that instead
+  (`amity.engine.token_history`).
 * Tensor stages (`apply_*`): in-place edits of a [B, V] float32 logits tensor.
   The penalties take flat (row, token) pairs and touch only those entries; the
   warpers take one parameter per row and are the full-vocabulary reference
@@ -51,6 +51,22 @@ def bad_word_bans(history: list[int], bad_words: list[list[int]]) -> list[int]:
     the rest of it. Unlike HF, a one-token bad word equal to EOS is still banned:
     the spec says bad words are never generated and makes no EOS exception."""
     return suffix_completions(history, bad_words)
+
+
+def no_repeat_ngram_bans(history: list[int], n: int) -> list[int]:
+    """HF `no_repeat_ngram_size`: ban every token that would complete an n-gram
+    already present in `history`."""
+    if n <= 1 or len(history) < n:
+        return []
+    # Only windows whose first n-1 tokens equal the current (n-1)-suffix can be
+    # completed by the next token; the suffix's own window is one token short,
+    # so it never matches itself. Plain Python: converting the history to a
+    # tensor alone costs as much as this scan.
+    k = n - 1
+    suffix = history[len(history) - k :]
+    head = suffix[0]
+    starts = [i for i, tok in enumerate(history[: len(history) - k]) if tok == head]
+    return sorted({history[i + k] for i in starts if history[i : i + k] == suffix})
 
 
 def min_length_bans(

@@ -152,7 +152,7 @@ class SamplingTensors:
             history = row.token_ids
             tracked = None
             if uses_history(p):
-                tracked = row.history if row.history is not None else TokenHistory(p)
+                tracked = row.history if row.history is not None else TokenHistory(p, index_ngrams=False)
                 tracked.extend(history, row.num_prompt_tokens)
             for tok, b in (p.logit_bias or {}).items():
                 if valid(int(tok)):

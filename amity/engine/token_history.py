@@ -13,11 +13,13 @@ reads only the tokens appended since its last call, so a decode step costs a few
 numpy operations over the distinct tokens instead of a Python pass over the whole
 history. The persistent input batch keeps one per row and drops it when the row
 changes hands (input_batch.py); the sampler builds a throwaway one for a row that
-brings none (scoring, tests), so both go through the same code.
+brings none (scoring, tests), so both count through the same code. A throwaway
+one indexes no n-grams: for one step, one scan of the history is cheaper.
 """
 
 import numpy as np
 
+from amity.engine import logits_processors as lp
 from amity.engine.sampling_params import SamplingParams
 
 _NONE = np.empty(0, dtype=np.int64)
@@ -32,13 +34,27 @@ def uses_counts(params: SamplingParams) -> bool:
     return params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
 
 
+def _find(ids: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of ascending distinct `keys` is, or would be inserted, in
+    ascending distinct `ids`; and whether it is there."""
+    at = np.searchsorted(ids, keys)
+    found = at < len(ids)
+    found[found] = ids[at[found]] == keys[found]
+    return at, found
+
+
+def _add_distinct(ids: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """Ascending distinct `ids` and more tokens -> the same, with those among them."""
+    keys = np.unique(new)
+    at, found = _find(ids, keys)
+    return np.insert(ids, at[~found], keys[~found])
+
+
 def _count_into(ids: np.ndarray, counts: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Ascending distinct `ids` with their `counts`, and more tokens -> the same
     with those counted too. New arrays: ones handed out earlier stay as they were."""
     keys, n = np.unique(new, return_counts=True)
-    at = np.searchsorted(ids, keys)
-    found = at < len(ids)
-    found[found] = ids[at[found]] == keys[found]
+    at, found = _find(ids, keys)
     counts = counts.copy()
     counts[at[found]] += n[found]
     missing = ~found
@@ -46,9 +62,10 @@ def _count_into(ids: np.ndarray, counts: np.ndarray, new: np.ndarray) -> tuple[n
 
 
 class TokenHistory:
-    def __init__(self, params: SamplingParams):
+    def __init__(self, params: SamplingParams, index_ngrams: bool = True):
         self.counted = uses_counts(params)
         self.ngram = params.no_repeat_ngram
+        self.indexed = index_ngrams and self.ngram > 1
         self.num_tokens = 0  # how much of the history is taken in
         self.seen = _NONE  # distinct ids of prompt + output, ascending
         self.output_ids = _NONE  # distinct ids of the output, ascending
@@ -65,19 +82,21 @@ class TokenHistory:
             return
         if self.counted:
             new = np.array(token_ids[start:], dtype=np.int64)
-            self.seen = np.union1d(self.seen, new)
+            self.seen = _add_distinct(self.seen, new)
             output = new[max(num_prompt_tokens - start, 0):]
             if len(output):
                 self.output_ids, self.output_counts = _count_into(self.output_ids, self.output_counts, output)
-        if self.ngram > 1:
-            k = self.ngram - 1
-            for end in range(max(start, k), len(token_ids)):
-                self._ngrams.setdefault(tuple(token_ids[end - k:end]), set()).add(token_ids[end])
+        if self.indexed:
+            # Each new token with the k tokens before it, as (k-tuple, token) pairs.
+            k, first, n = self.ngram - 1, max(start, self.ngram - 1), len(token_ids)
+            windows = zip(*(token_ids[first - k + j:n - k + j] for j in range(k)))
+            for window, token in zip(windows, token_ids[first:]):
+                self._ngrams.setdefault(window, set()).add(token)
         self.num_tokens = len(token_ids)
 
     def ngram_bans(self, token_ids: list[int]) -> list[int]:
         """HF `no_repeat_ngram_size`: every token that would complete an n-gram
         already in the history (`token_ids`, the one taken in), ascending."""
-        if self.ngram <= 1:
-            return []
+        if not self.indexed:
+            return lp.no_repeat_ngram_bans(token_ids, self.ngram)
         return sorted(self._ngrams.get(tuple(token_ids[len(token_ids) - self.ngram + 1:]), ()))
