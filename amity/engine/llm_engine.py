@@ -31,9 +31,9 @@ from amity.engine.outputs import CompletionOutput, FinalOutput, PoolingOutput, R
 from amity.engine.pooling_params import PoolingParams, ValidatedPooling
 from amity.engine.request import Request, RequestStatus, ValidatedRequest
 from amity.engine.sampler import Sampler, SamplingRow
-from amity.engine.token_history import TokenHistory
 from amity.engine.sampling_params import SamplingParams
 from amity.engine.scheduler import Scheduler
+from amity.engine.token_history import TokenHistory
 from amity.engine import structured_output
 from amity.engine.model_runner import ModelRunner
 from amity.engine.background_compile import BackgroundCompile, CompileState

@@ -70,7 +70,9 @@ class TokenHistory:
         self.seen = _NONE  # distinct ids of prompt + output, ascending
         self.output_ids = _NONE  # distinct ids of the output, ascending
         self.output_counts = _NONE  # how often each occurs
-        self._ngrams: dict[tuple[int, ...], set[int]] = {}
+        # n-gram head -> the tokens that followed it. Tuples, not sets: tuples of
+        # ints leave the garbage collector's care, thousands of sets would not.
+        self._ngrams: dict[tuple[int, ...], tuple[int, ...]] = {}
 
     def extend(self, token_ids: list[int], num_prompt_tokens: int) -> None:
         """Take in the tokens of `token_ids` (the whole history, of which the ones
@@ -91,7 +93,9 @@ class TokenHistory:
             k, first, n = self.ngram - 1, max(start, self.ngram - 1), len(token_ids)
             windows = zip(*(token_ids[first - k + j:n - k + j] for j in range(k)))
             for window, token in zip(windows, token_ids[first:]):
-                self._ngrams.setdefault(window, set()).add(token)
+                following = self._ngrams.get(window, ())
+                if token not in following:
+                    self._ngrams[window] = following + (token,)
         self.num_tokens = len(token_ids)
 
     def ngram_bans(self, token_ids: list[int]) -> list[int]:
