@@ -1,6 +1,6 @@
 """One request's token history in the forms the sampler's history-wide stages
 read, kept up to date step by step instead of rebuilt from the whole history at
-every step (vLLM v1 likewise keeps each row's output token counts):
+every step (vLLM v1 keeps its rows' token ids across steps in the same spirit):
 
 * the distinct token ids of prompt + output (repetition_penalty),
 * the distinct token ids of the output and how often each occurs (frequency and
@@ -90,8 +90,8 @@ class TokenHistory:
                 self.output_ids, self.output_counts = _count_into(self.output_ids, self.output_counts, output)
         if self.indexed:
             # Each new token with the k tokens before it, as (k-tuple, token) pairs.
-            k, first, n = self.ngram - 1, max(start, self.ngram - 1), len(token_ids)
-            windows = zip(*(token_ids[first - k + j:n - k + j] for j in range(k)))
+            k, first, end = self.ngram - 1, max(start, self.ngram - 1), len(token_ids)
+            windows = zip(*(token_ids[first - k + j:end - k + j] for j in range(k)))
             for window, token in zip(windows, token_ids[first:]):
                 following = self._ngrams.get(window, ())
                 if token not in following:
