@@ -9,11 +9,14 @@ grows until the request's blocks are freed, which replaces the list (preemption,
 finish): a row that sees another list object starts its blocks again. A row is a
 cache, never the source of truth, so a request that leaves the batch needs no
 message: its row is reused for a newcomer, the least recently scheduled first.
+The sampler's history of a request (token_history.py) lives with its row the same
+way: made on first use, dropped when the row changes hands.
 """
 
 import numpy as np
 
 from amity.engine.request import Request
+from amity.engine.token_history import TokenHistory
 
 
 class InputBatch:
@@ -27,6 +30,7 @@ class InputBatch:
         self._row_of: dict[Request, int] = {}
         self._owner: list[Request | None] = [None] * max_num_rows
         self._block_list: list[list[int] | None] = [None] * max_num_rows  # the list object a row mirrors
+        self._histories: list[TokenHistory | None] = [None] * max_num_rows
         self._last_step = np.full(max_num_rows, -1, dtype=np.int64)
         self._step = 0
 
@@ -43,6 +47,14 @@ class InputBatch:
             rows[i] = row
         return rows
 
+    def history(self, request: Request) -> TokenHistory:
+        """The sampler's history of a request that holds a row (any request of the
+        last `sync`), kept with that row."""
+        row = self._row_of[request]
+        if self._histories[row] is None:
+            self._histories[row] = TokenHistory(request.params)
+        return self._histories[row]
+
     def _claim(self, request: Request) -> int:
         row = int(np.argmin(self._last_step))  # a free row (-1) or the stalest one
         if self._last_step[row] == self._step:
@@ -53,6 +65,7 @@ class InputBatch:
         self._owner[row] = request
         self._row_of[request] = row
         self._block_list[row] = None
+        self._histories[row] = None
         self.num_synced_tokens[row] = 0
         self.num_synced_blocks[row] = 0
         return row

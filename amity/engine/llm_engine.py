@@ -33,6 +33,7 @@ from amity.engine.request import Request, RequestStatus, ValidatedRequest
 from amity.engine.sampler import Sampler, SamplingRow
 from amity.engine.sampling_params import SamplingParams
 from amity.engine.scheduler import Scheduler
+from amity.engine.token_history import TokenHistory
 from amity.engine import structured_output
 from amity.engine.model_runner import ModelRunner
 from amity.engine.background_compile import BackgroundCompile, CompileState
@@ -537,7 +538,7 @@ class LLMEngine:
         constrained = [k for k, r in enumerate(requests) if r.grammar is not None]
         if constrained:
             structured_output.apply_bitmasks(logits, constrained, [requests[k].grammar for k in constrained])
-        out = self.sampler(logits, [self._row(r, r.all_token_ids) for r in requests])
+        out = self.sampler(logits, [self._row(r, r.all_token_ids, self.runner.batch.history(r)) for r in requests])
         for request, token in zip(requests, out.token_ids):
             if request.grammar is not None and not request.grammar.accept(token):
                 logger.error("request %s: the grammar refused sampled token %d", request.request_id, token)
@@ -559,10 +560,10 @@ class LLMEngine:
         scores = self.sampler.score(result.logits[indices], rows, [token for _, token in picks])
         return [(request, token, score) for (request, token), score in zip(picks, scores)]
 
-    def _row(self, request: Request, token_ids: list[int]) -> SamplingRow:
+    def _row(self, request: Request, token_ids: list[int], history: TokenHistory | None = None) -> SamplingRow:
         return SamplingRow(params=request.params, token_ids=token_ids,
                            num_prompt_tokens=request.num_prompt_tokens, generator=request.generator,
-                           eos_token_ids=request.eos_token_ids)
+                           eos_token_ids=request.eos_token_ids, history=history)
 
     def _check_stop(self, request: Request, stop_string: str | None) -> RequestStatus | None:
         if request.forced_token_ids:  # >=, not ==: a miscount must never run forever

@@ -5,7 +5,9 @@ Two kinds live here:
 * History rules (`bad_word_bans`, `no_repeat_ngram_bans`, `min_length_bans`):
   plain-Python/CPU functions of one row's token history that return the token
   ids to ban (set to -inf) at this step. They loop over a row's history or
-  word list, never over the vocabulary.
+  word list, never over the vocabulary. A row whose history the engine keeps
+  across steps gets its no_repeat_ngram bans from that instead
+  (`amity.engine.token_history`).
 * Tensor stages (`apply_*`): in-place edits of a [B, V] float32 logits tensor.
   The penalties take flat (row, token) pairs and touch only those entries; the
   warpers take one parameter per row and are the full-vocabulary reference
@@ -92,21 +94,6 @@ def min_length_bans(
 
 
 # --- tensor stages --------------------------------------------------------------
-
-
-def history_pairs(
-    ids: torch.Tensor, row_of: torch.Tensor, vocab_size: int, counts: bool = False
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """[N, L] padded token ids (any id outside [0, vocab_size) is ignored) whose
-    row j belongs to batch row `row_of[j]` -> the distinct (j, token) pairs as
-    flat (j, token) tensors, and with `counts` how often each occurs."""
-    valid = (ids >= 0) & (ids < vocab_size)
-    keys = (torch.arange(ids.shape[0], device=ids.device)[:, None] * vocab_size + ids)[valid]
-    if counts:
-        keys, n = keys.unique(sorted=True, return_counts=True)
-    else:
-        keys, n = keys.unique(sorted=True), None
-    return keys // vocab_size, keys % vocab_size, n
 
 
 def apply_repetition_penalty(

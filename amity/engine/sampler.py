@@ -42,19 +42,24 @@ not use a stage is left bit-for-bit unchanged by it.
                         (see `logits_processors.inverse_cdf`), so a row's draw
                         depends only on its seed and state.
 
-Everything history-derived (bans, penalty (row, token) pairs) is computed in
-Python/CPU by `SamplingTensors.build`, then shipped to the logits' device once;
-stages 1-5 edit only those entries of the batch tensor.
+Everything history-derived (bans, penalty (row, token) pairs) is computed on
+the CPU by `SamplingTensors.build`, then shipped to the logits' device once;
+stages 1-5 edit only those entries of the batch tensor. What reads the whole
+history (no_repeat_ngram, the penalties' token sets and counts) comes from each
+row's `TokenHistory` (token_history.py), which the engine keeps across steps with
+the request's input-batch row, so a decode step takes in only its new token.
 Token ids outside [0, V) in histories, bans or biases are ignored.
 """
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from amity.engine import logits_processors as lp
 from amity.engine.outputs import TokenLogprob
 from amity.engine.sampling_params import SamplingParams
+from amity.engine.token_history import TokenHistory, uses_history
 
 
 @dataclass
@@ -66,6 +71,9 @@ class SamplingRow:
     num_prompt_tokens: int
     generator: torch.Generator | None  # the request's own generator; None when greedy
     eos_token_ids: frozenset[int]  # already resolved (params.eos_token or the model's)
+    # The request's history kept across steps (the input batch's), brought up to
+    # date from token_ids here; None: one is built from token_ids for this call.
+    history: TokenHistory | None = None
 
 
 @dataclass
@@ -80,6 +88,19 @@ def _rows(idx: list[int], device: torch.device) -> torch.Tensor:
 
 def _floats(vals: list[float], device: torch.device) -> torch.Tensor:
     return torch.tensor(vals, dtype=torch.float32, device=device)
+
+
+def _in_vocab(ascending_ids: np.ndarray, vocab_size: int) -> slice:
+    """The part of ascending token ids that lies in [0, vocab_size)."""
+    return slice(np.searchsorted(ascending_ids, 0), np.searchsorted(ascending_ids, vocab_size))
+
+
+def _pairs(pieces: list[tuple[np.ndarray, ...]], device: torch.device) -> tuple[torch.Tensor, ...] | None:
+    """Per-row (row, token, values...) arrays -> flat tensors on `device`, rows
+    in batch order and tokens ascending within each; None when no row uses them."""
+    if not pieces:
+        return None
+    return tuple(torch.from_numpy(np.concatenate(column)).to(device) for column in zip(*pieces))
 
 
 # Candidates first taken for a top_p / min_p row without top_k, and the factor a
@@ -123,18 +144,24 @@ class SamplingTensors:
 
         bias_r, bias_t, bias_v = [], [], []
         ban_r, ban_t = [], []
-        # Rows that need their history as a tensor (penalties), in one padded tensor.
-        hist_r, hist_ids, hist_np, rep_p, freq_f, freq_p = [], [], [], [], [], []
+        # Stage 5 per row that uses it: numpy (row, token, per-pair values) pieces.
+        rep: list[tuple[np.ndarray, ...]] = []
+        freq: list[tuple[np.ndarray, ...]] = []
         for i, row in enumerate(rows):
             p = row.params
             history = row.token_ids
+            tracked = None
+            if uses_history(p):
+                tracked = row.history if row.history is not None else TokenHistory(p, index_ngrams=False)
+                tracked.extend(history, row.num_prompt_tokens)
             for tok, b in (p.logit_bias or {}).items():
                 if valid(int(tok)):
                     bias_r.append(i)
                     bias_t.append(int(tok))
                     bias_v.append(float(b))
             banned = lp.bad_word_bans(history, p.bad_word_tokens)
-            banned += lp.no_repeat_ngram_bans(history, p.no_repeat_ngram)
+            if tracked is not None:
+                banned += tracked.ngram_bans(history)
             banned += lp.min_length_bans(
                 row.num_prompt_tokens,
                 len(history) - row.num_prompt_tokens,
@@ -148,36 +175,14 @@ class SamplingTensors:
                 if valid(tok):
                     ban_r.append(i)
                     ban_t.append(tok)
-            rep = p.repetition_penalty != 1.0
-            freq = p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
-            if rep or freq:
-                hist_r.append(i)
-                hist_ids.append(history)
-                hist_np.append(row.num_prompt_tokens)
-                rep_p.append(p.repetition_penalty if rep else None)
-                freq_f.append(p.frequency_penalty if freq else None)
-                freq_p.append(p.presence_penalty)
-
-        repetition = frequency = None
-        if hist_r:
-            width = max(1, max(len(h) for h in hist_ids))
-            ids = torch.tensor([h + [vocab_size] * (width - len(h)) for h in hist_ids], dtype=torch.long)
-            row_of = torch.tensor(hist_r, dtype=torch.long)
-            rep_j = [j for j, v in enumerate(rep_p) if v is not None]
-            if rep_j:
-                sel = torch.tensor(rep_j, dtype=torch.long)
-                j, tok, _ = lp.history_pairs(ids[sel], row_of[sel], vocab_size)
-                pen = torch.tensor([rep_p[k] for k in rep_j], dtype=torch.float32)[j]
-                repetition = (row_of[sel][j].to(device), tok.to(device), pen.to(device))
-            freq_j = [j for j, v in enumerate(freq_f) if v is not None]
-            if freq_j:
-                sel = torch.tensor(freq_j, dtype=torch.long)
-                n_prompt = torch.tensor([hist_np[k] for k in freq_j], dtype=torch.long)
-                out_ids = ids[sel].masked_fill(torch.arange(width)[None, :] < n_prompt[:, None], vocab_size)
-                j, tok, counts = lp.history_pairs(out_ids, row_of[sel], vocab_size, counts=True)
-                f = torch.tensor([freq_f[k] for k in freq_j], dtype=torch.float32)[j]
-                pres = torch.tensor([freq_p[k] for k in freq_j], dtype=torch.float32)[j]
-                frequency = (row_of[sel][j].to(device), tok.to(device), counts.to(device), f.to(device), pres.to(device))
+            if p.repetition_penalty != 1.0:
+                tok = tracked.seen[_in_vocab(tracked.seen, vocab_size)]
+                rep.append((np.full(len(tok), i), tok, np.full(len(tok), p.repetition_penalty, np.float32)))
+            if p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
+                at = _in_vocab(tracked.output_ids, vocab_size)
+                tok, n = tracked.output_ids[at], tracked.output_counts[at]
+                freq.append((np.full(len(tok), i), tok, n, np.full(len(tok), p.frequency_penalty, np.float32),
+                             np.full(len(tok), p.presence_penalty, np.float32)))
 
         random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
         rp = [rows[i].params for i in random_rows]
@@ -193,8 +198,8 @@ class SamplingTensors:
         return cls(
             bias=(_rows(bias_r, device), _rows(bias_t, device), _floats(bias_v, device)) if bias_r else None,
             bans=(_rows(ban_r, device), _rows(ban_t, device)) if ban_r else None,
-            repetition=repetition,
-            frequency=frequency,
+            repetition=_pairs(rep, device),
+            frequency=_pairs(freq, device),
             num_logprobs=[r.params.logprobs for r in rows],
             random_rows=random_rows,
             generators=[rows[i].generator for i in random_rows],
