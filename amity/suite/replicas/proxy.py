@@ -166,9 +166,15 @@ async def forward(client: httpx.AsyncClient, url: str, request: Request,
     return answer or Response(status_code=499)
 
 
-def new_client() -> httpx.AsyncClient:
+def new_client(uds: str | None = None) -> httpx.AsyncClient:
+    """A client for replicas, which connects to the Unix socket `uds` when given (the
+    URL then only names the replica): on one machine, a Unix socket spares both sides
+    the kernel's TCP work for every chunk."""
     # No proxies from the environment: replicas are on loopback. No read timeout:
     # a long generation is not an error; a dead replica breaks the connection.
-    return httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(None, connect=10.0),
-                             limits=httpx.Limits(max_connections=None,
-                                                 max_keepalive_connections=64))
+    # verify=False: replicas speak plain HTTP, and loading the CA bundle for nothing
+    # costs a tenth of a second of CPU per replica started.
+    transport = httpx.AsyncHTTPTransport(uds=uds, verify=False, limits=httpx.Limits(
+        max_connections=None, max_keepalive_connections=64))
+    return httpx.AsyncClient(transport=transport, trust_env=False,
+                             timeout=httpx.Timeout(None, connect=10.0))
