@@ -54,7 +54,8 @@ class ApiServer(uvicorn.Server):
 
     def __init__(self, app, state: ServerState, host: str, port: int, shutdown_timeout_s: float,
                  log_level: str = "info"):
-        super().__init__(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+        # h11 named: uvicorn would take httptools (installed for the Suite) otherwise.
+        super().__init__(uvicorn.Config(app, host=host, port=port, log_level=log_level, http="h11",
                                         timeout_graceful_shutdown=shutdown_timeout_s + 10))
         self.state = state
         self.shutdown_timeout_s = shutdown_timeout_s
@@ -152,7 +153,7 @@ async def serve_async(engine_config: EngineConfig, server_config: ServerConfig) 
             state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"))])
         metrics_server = _QuietServer(uvicorn.Config(
             metrics_app, host=server_config.host, port=server_config.metrics_port,
-            log_level="warning"))
+            log_level="warning", http="h11"))
         servers.append(metrics_server.serve())
     failed = False
 
