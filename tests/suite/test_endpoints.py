@@ -57,7 +57,7 @@ def replica_pids(endpoint_id: str) -> list[int]:
 
 
 def replica_argv(pid: int, flag: str) -> str:
-    argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     return argv[argv.index(flag.encode()) + 1].decode()
 
 
