@@ -5,8 +5,9 @@ DATA_DIR/replicas/<id>.sock, its output kept in DATA_DIR/replicas/<id>.log.
 The Suite reaches a replica over its socket (cheaper per streamed chunk than
 loopback TCP); the port is for what takes a URL (serverless tool loops, the
 knowledge embedder). A data directory too deep for a socket path (108 bytes on
-Linux) leaves replicas on TCP alone. The socket file goes when the replica stops;
-one left by a killed replica is replaced at the next start (the server does that).
+Linux) leaves replicas on TCP alone. The socket file goes when the replica stops
+(the Suite removes it after a kill -9 too, and at its own start those that a killed
+Suite left); `amity serve --uds` itself replaces a stale socket file at its path.
 
 A child gets SIGTERM when the Suite dies (PR_SET_PDEATHSIG), so a killed Suite
 leaves no orphans holding memory.
