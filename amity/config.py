@@ -105,6 +105,11 @@ class ServerConfig:
     served_model_name: str | None = _opt(
         None, "Name the API reports and accepts in `model`. Default: from the model path."
     )
+    uds: str | None = _opt(
+        None, "Also serve the API on this Unix domain socket (owner only; a stale socket "
+              "file there is replaced, and the file is removed at exit). The TCP port is "
+              "served as without it."
+    )
     metrics_port: int | None = _opt(
         None, "Also serve /metrics on this port (Friendli Container uses 8281)."
     )

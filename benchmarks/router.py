@@ -30,6 +30,7 @@ import httpx
 
 TOKEN = "amity_bench_token"
 REPO = Path(__file__).resolve().parents[1]
+PYTHONPATH = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
 
 def free_port() -> int:
@@ -88,7 +89,7 @@ def main() -> None:
     suite = subprocess.Popen(
         [sys.executable, "-m", "amity.cli", "suite", "--port", str(port), "--data-dir", str(data),
          "--container-model", "none", "--replica-args", args.replica_args],
-        env={**os.environ, "AMITY_ADMIN_TOKEN": TOKEN, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "AMITY_ADMIN_TOKEN": TOKEN, "PYTHONPATH": PYTHONPATH},
         stdout=open(data / "suite.log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
     base, headers = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {TOKEN}"}
     http = httpx.Client(base_url=base, headers=headers, timeout=600, trust_env=False)
@@ -101,7 +102,7 @@ def main() -> None:
                 time.sleep(0.2)
         listing = json.loads(subprocess.run(
             [sys.executable, "-m", "amity.cli", "admin", "list", "--json", "--data-dir", str(data)],
-            capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)}).stdout)
+            capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": PYTHONPATH}).stdout)
         endpoint = http.post("/dedicated/beta/endpoint", json={
             "projectId": listing["projects"][0]["id"], "name": "bench", "instanceOptionId": "cpu",
             "hfModelRepo": args.model, "autoscalingPolicy": {"minReplica": 0, "maxReplica": 1,

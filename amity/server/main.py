@@ -12,7 +12,10 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import signal
+import socket
+import stat
 import threading
 
 import torch
@@ -51,7 +54,8 @@ class ApiServer(uvicorn.Server):
 
     def __init__(self, app, state: ServerState, host: str, port: int, shutdown_timeout_s: float,
                  log_level: str = "info"):
-        super().__init__(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+        # h11 named: uvicorn would take httptools (installed for the Suite) otherwise.
+        super().__init__(uvicorn.Config(app, host=host, port=port, log_level=log_level, http="h11",
                                         timeout_graceful_shutdown=shutdown_timeout_s + 10))
         self.state = state
         self.shutdown_timeout_s = shutdown_timeout_s
@@ -99,6 +103,29 @@ def load_image_service(engine_config: EngineConfig, server_config: ServerConfig)
     return service
 
 
+def _bind_unix_socket(path: str) -> socket.socket:
+    """A listening socket at `path`, readable and writable by this user only (the API
+    has no authentication of its own). A socket file already there is a killed
+    server's, and is replaced; any other file there is an error."""
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISSOCK(os.stat(path).st_mode):
+            os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        os.chmod(path, 0o600)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _remove_unix_socket(path: str, sock: socket.socket) -> None:
+    sock.close()
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
 def _bound_url(server: uvicorn.Server, host: str) -> str:
     for s in server.servers:
         for sock in s.sockets:
@@ -115,14 +142,18 @@ async def serve_async(engine_config: EngineConfig, server_config: ServerConfig) 
     state = app.state.amity
     server = ApiServer(app, state, server_config.host, server_config.port,
                        server_config.shutdown_timeout)
-    servers = [server.serve()]
+    unix_socket = _bind_unix_socket(server_config.uds) if server_config.uds else None
+    # Given sockets, uvicorn serves those instead of binding its own: the TCP port
+    # as it would bind it, and the Unix socket.
+    servers = [server.serve([server.config.bind_socket(), unix_socket]) if unix_socket
+               else server.serve()]
     metrics_server = None
     if server_config.metrics_port:
         metrics_app = Starlette(routes=[Route("/metrics", lambda request: Response(
             state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"))])
         metrics_server = _QuietServer(uvicorn.Config(
             metrics_app, host=server_config.host, port=server_config.metrics_port,
-            log_level="warning"))
+            log_level="warning", http="h11"))
         servers.append(metrics_server.serve())
     failed = False
 
@@ -166,7 +197,11 @@ async def serve_async(engine_config: EngineConfig, server_config: ServerConfig) 
             servers_done.set()
 
     loader = asyncio.create_task(load())
-    await asyncio.gather(main_server(), stop_metrics_with_main(), *servers[1:])
+    try:
+        await asyncio.gather(main_server(), stop_metrics_with_main(), *servers[1:])
+    finally:
+        if unix_socket is not None:
+            _remove_unix_socket(server_config.uds, unix_socket)
     loader.cancel()
     await asyncio.gather(loader, return_exceptions=True)
     # The app's lifespan shuts the engine down only if it was attached before start-up.

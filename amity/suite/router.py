@@ -43,7 +43,7 @@ async def relay(request: Request, lease: Lease, path: str, body: bytes | AsyncIt
     headers = request_headers(request, drop=("authorization", "x-friendli-team", "accept-encoding")) + (
         [("content-length", request.headers["content-length"])]
         if not isinstance(body, bytes) and "content-length" in request.headers else [])
-    return await forward(request.app.state.replicas.client, lease.url + path, request, body,
+    return await forward(lease.client, lease.url + path, request, body,
                          lease.release, headers, rewrite)
 
 
@@ -122,7 +122,7 @@ async def _to_container(request: Request, path: str) -> Response:
         replica = await replicas.acquire(request.app.state.config.queue_timeout_s)
     except QueueTimeout as error:
         raise ApiError(429, str(error), type="queue_timeout") from None
-    return await forward(manager.client, replica.url + path, request, request.stream(),
+    return await forward(replica.client, replica.url + path, request, request.stream(),
                          lambda: replicas.release(replica))
 
 

@@ -9,6 +9,8 @@ first while a stream is in flight, which must still finish with `data: [DONE]`.
 import os
 import re
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -193,6 +195,30 @@ def test_friendli_aliases_hf_model_name_and_web_server_port(tmp_path):
         assert res.status_code == 200 and len(res.json()["choices"][0]["tokens"]) <= 2
         code = sp.terminate_and_wait()
         assert code == 0, f"exit code {code}; output:\n{sp.output()[-4000:]}"
+
+
+def test_uds_serves_beside_the_port_replaces_a_stale_socket_and_goes_at_exit(tmp_path):
+    """`--uds`: the Suite reaches its local replicas over a Unix socket. The port is
+    still served; a socket file a killed server left is replaced; the file is the
+    owner's alone, and removed when the server exits."""
+    path = tmp_path / "replica.sock"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(path))
+    stale.close()  # the file stays, with nothing listening: a killed server's
+    port = free_port()
+    with ServerProcess("--port", str(port), "--uds", str(path), "--kv-cache-memory", "128MiB",
+                       "--compile", "false") as sp:
+        url = f"http://127.0.0.1:{port}"
+        sp.poll_health_until_ready(url, START_TIMEOUT)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), timeout=120) as over_socket:
+            assert over_socket.get("http://replica/health").status_code == 200
+            res = over_socket.post("http://replica/v1/completions",
+                                   json={"prompt": "Hi", "max_tokens": 2})
+        assert res.status_code == 200 and len(res.json()["choices"][0]["tokens"]) <= 2
+        code = sp.terminate_and_wait()
+        assert code == 0, f"exit code {code}; output:\n{sp.output()[-4000:]}"
+    assert not path.exists()
 
 
 @pytest.mark.slow

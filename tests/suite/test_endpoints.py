@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import threading
+from pathlib import Path
 
 import httpx
 import pytest
@@ -55,6 +56,20 @@ def replica_pids(endpoint_id: str) -> list[int]:
     return serve_pids(endpoint_id)  # replicas serve under the endpoint id
 
 
+def replica_argv(pid: int, flag: str) -> str:
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return argv[argv.index(flag.encode()) + 1].decode()
+
+
+def replica_socket(suite, endpoint_id: str) -> Path:
+    """The Unix socket the Suite reaches the endpoint's one replica through: in the
+    Suite's data directory, and there while the replica runs."""
+    [pid] = replica_pids(endpoint_id)
+    path = Path(replica_argv(pid, "--uds"))
+    assert path.parent == suite.data_dir / "replicas" and path.is_socket()
+    return path
+
+
 def complete(suite, endpoint_id: str, **body):
     return suite.http.post("/dedicated/v1/completions",
                            json={"model": endpoint_id, "prompt": "Hello", "max_tokens": 4, **body})
@@ -73,6 +88,7 @@ def test_lifecycle_inference_and_invalid_transitions(suite):
     spec = http.get(f"{BASE}/{endpoint}").json()
     assert (spec["name"], spec["autoscalingMin"], spec["autoscalingMax"], spec["currReplicaCnt"],
             spec["projectId"], spec["gpuType"]) == ("tiny", 1, 1, 1, suite.project, "CPU")
+    first_socket = replica_socket(suite, endpoint)
 
     # inference: `model` is the endpoint id, in and out
     done = complete(suite, endpoint)
@@ -142,6 +158,7 @@ def test_lifecycle_inference_and_invalid_transitions(suite):
     assert r.status_code == 200 and r.json()["status"] in ("TERMINATING", "TERMINATED")
     wait_status(http, endpoint, {"TERMINATED"})
     assert wait_for(lambda: not replica_pids(endpoint), 60, "the replica stopping")
+    assert not first_socket.exists()  # gone with its replica
     assert http.put(f"{BASE}/{endpoint}/terminate").status_code == 400
     assert http.put(f"{BASE}/{endpoint}/sleep").status_code == 400
     assert http.put(f"{BASE}/{endpoint}/wake").status_code == 400
@@ -244,6 +261,7 @@ def test_kill_9_of_a_replica_fails_its_request_and_is_replaced(suite):
     endpoint = create(suite, simplescale={"replicas": 1})
     assert wait_status(http, endpoint, {"RUNNING", "FAILED"})["status"] == "RUNNING"
     [pid] = replica_pids(endpoint)
+    killed_socket = replica_socket(suite, endpoint)
     body = {"model": endpoint, "prompt": "Once", "max_tokens": 400, "min_tokens": 400, "stream": True}
     with http.stream("POST", "/dedicated/v1/completions", json=body) as r:
         lines = r.iter_lines()
@@ -259,14 +277,14 @@ def test_kill_9_of_a_replica_fails_its_request_and_is_replaced(suite):
                  "serving again")
     assert r.json()["model"] == endpoint
     assert http.get(f"{BASE}/{endpoint}/status").json()["status"] == "RUNNING"
+    assert not killed_socket.exists()  # the Suite removed what the killed replica left
     suite.running = endpoint
 
 
 def replica_metrics(endpoint_id: str) -> dict[str, float]:
     """The Prometheus samples of the endpoint's one replica, read straight from it."""
     [pid] = replica_pids(endpoint_id)
-    argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-    port = int(argv[argv.index(b"--port") + 1])
+    port = int(replica_argv(pid, "--port"))
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", trust_env=False).text
     return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
             if line and not line.startswith("#")}

@@ -159,6 +159,7 @@ def test_an_address_without_a_ray_head_is_a_clear_error(tmp_path):
         [sys.executable, "-m", "amity.cli", "suite", "--port", str(free_port()), "--data-dir",
          str(tmp_path / "data"), "--container-model", "none", "--replicas", "ray",
          "--ray-address", address], capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONPATH": str(REPO), "AMITY_ADMIN_TOKEN": ADMIN_TOKEN})
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
+            str(REPO), os.environ.get("PYTHONPATH")])), "AMITY_ADMIN_TOKEN": ADMIN_TOKEN})
     assert result.returncode != 0
     assert f"--ray-address {address}: no Ray head answers there" in result.stderr, result.stderr

@@ -1,10 +1,12 @@
 """The replica backend interface: what the controller asks of any place replicas run
 (child processes here, Ray actors on a cluster). A replica is one container serving
-one model on its spec paths at `url`; the backend starts it, says whether it is
-still alive, and stops it."""
+one model on its spec paths at `url`; the backend starts it, gives the HTTP client
+that reaches it, says whether it is still alive, and stops it."""
 
 from dataclasses import dataclass, field
 from typing import Protocol
+
+import httpx
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,7 @@ class Replica:
     id: str
     url: str
     spec: ReplicaSpec
+    client: httpx.AsyncClient     # reaches `url` (a local replica: over its Unix socket)
     outstanding: int = 0          # requests the router has in flight on it
     handle: object = field(default=None, repr=False)  # the backend's own (a process, ...)
 

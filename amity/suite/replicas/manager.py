@@ -1,5 +1,5 @@
-"""The Suite's replicas: the backend they run on, the HTTP client that reaches them,
-and the sets kept at a fixed size under a name (the default model's container,
+"""The Suite's replicas: the backend they run on (which gives the HTTP clients that
+reach them), and the sets kept at a fixed size under a name (the default model's container,
 serverless catalog models). Dedicated endpoints size their own sets (the
 controller); every set of either kind is on this one backend.
 
@@ -17,7 +17,6 @@ from amity.config import SuiteConfig
 from amity.suite.replicas.backend import ReplicaBackend, ReplicaFailed, ReplicaSpec
 from amity.suite.replicas.pool import ReplicaSet
 from amity.suite.replicas.process import ProcessBackend
-from amity.suite.replicas.proxy import new_client
 
 log = logging.getLogger("amity.suite.replicas")
 
@@ -38,7 +37,6 @@ def open_backend(config: SuiteConfig, data_dir: Path) -> ReplicaBackend:
 class ReplicaManager:
     def __init__(self, backend: ReplicaBackend, config: SuiteConfig):
         self.backend, self.config = backend, config
-        self.client = new_client()
         self.common_flags = tuple(shlex.split(config.replica_args))
         self.named: dict[str, tuple[ReplicaSet, int]] = {}
         self.failures: dict[str, str] = {}  # name -> why its last start failed
@@ -95,4 +93,3 @@ class ReplicaManager:
             self._supervisor.cancel()
         await asyncio.gather(*(s.close() for s, _ in self.named.values()), return_exceptions=True)
         await self.backend.close()
-        await self.client.aclose()

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import httpx
+
 from amity.suite.replicas.backend import Replica, ReplicaBackend, ReplicaSpec
 
 log = logging.getLogger("amity.suite.replicas")
@@ -24,8 +26,10 @@ class QueueTimeout(Exception):
 
 @dataclass(frozen=True)
 class Lease:
-    """One request's slot on a replica: where to send it, and what to call when done."""
+    """One request's slot on a replica: where to send it, over which client, and what
+    to call when done."""
     url: str
+    client: httpx.AsyncClient
     release: Callable[[], None]
 
 
@@ -73,7 +77,7 @@ class ReplicaSet:
 
     async def lease(self, queue_timeout_s: float) -> Lease:
         replica = await self.acquire(queue_timeout_s)
-        return Lease(replica.url, lambda: self.release(replica))
+        return Lease(replica.url, replica.client, lambda: self.release(replica))
 
     def release(self, replica: Replica) -> None:
         replica.outstanding -= 1

@@ -28,6 +28,7 @@ import ray
 from ray.exceptions import RayError
 
 from amity.suite.replicas.backend import Replica, ReplicaFailed, ReplicaSpec
+from amity.suite.replicas.proxy import new_client
 from amity.suite.replicas.ray_replica import ServeReplica
 from amity.suite.replicas.serve_command import wait_healthy
 
@@ -75,13 +76,14 @@ class RayBackend:
         self.start_timeout_s, self.stop_timeout_s = start_timeout_s, stop_timeout_s
         self.replica_cpus = replica_cpus
         self.replicas: set[Replica] = set()
+        self.client = new_client()  # over TCP: replicas may be on other nodes
 
     async def start(self, spec: ReplicaSpec) -> Replica:
         replica_id = f"rep_{secrets.token_hex(6)}"
         deadline = time.monotonic() + self.start_timeout_s
         actor = self.actor_class.options(name=replica_id, num_cpus=self.replica_cpus).remote(
             str(self.log_dir / f"{replica_id}.log"))
-        replica = Replica(replica_id, "", spec, handle=RayReplica(actor))
+        replica = Replica(replica_id, "", spec, self.client, handle=RayReplica(actor))
         self.replicas.add(replica)
         log.info("replica %s of %s: Ray actor requested", replica_id, spec.served_name)
         try:
@@ -95,7 +97,7 @@ class RayBackend:
                 replica.handle.ended = "failed to start"
                 raise ReplicaFailed(f"the replica's Ray actor failed: {error}") from None
             replica.handle.watcher = asyncio.get_running_loop().create_task(self._watch(replica))
-            why_not = await wait_healthy(replica.url, lambda: self.alive(replica),
+            why_not = await wait_healthy(self.client, replica.url, lambda: self.alive(replica),
                                          deadline - time.monotonic())
             if why_not is not None:
                 ended = f" ({replica.handle.ended})" if replica.handle.ended else ""
@@ -138,4 +140,5 @@ class RayBackend:
 
     async def close(self) -> None:
         await asyncio.gather(*(self.stop(r) for r in list(self.replicas)))
+        await self.client.aclose()
         ray.shutdown()

@@ -1,6 +1,6 @@
 """One replica process, as every backend starts it: `amity serve` on a free port of an
-address, its output in a log file, tied to its parent's life, ready once its
-`/health` answers 200."""
+address (and a Unix socket, where the Suite runs it), its output in a log file,
+tied to its parent's life, ready once its `/health` answers 200."""
 
 import asyncio
 import ctypes
@@ -25,10 +25,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def serve_argv(spec: ReplicaSpec, host: str, port: int) -> list[str]:
+def serve_argv(spec: ReplicaSpec, host: str, port: int, uds: Path | None = None) -> list[str]:
     named = ("--served-model-name", spec.served_name) if spec.served_name else ()
+    unix_socket = ("--uds", str(uds)) if uds else ()
     return [sys.executable, "-m", "amity.cli", "serve", "--model", spec.model, *named,
-            "--host", host, "--port", str(port), *spec.flags]
+            "--host", host, "--port", str(port), *unix_socket, *spec.flags]
 
 
 def serve_env() -> dict[str, str]:
@@ -54,19 +55,19 @@ def log_tail(path: Path, num_bytes: int = 3000) -> str:
         return ""
 
 
-async def wait_healthy(url: str, alive: Callable[[], bool], timeout_s: float) -> str | None:
-    """None once `url`/health answers 200; otherwise why not (the replica ended, or
-    `timeout_s` passed)."""
+async def wait_healthy(client: httpx.AsyncClient, url: str, alive: Callable[[], bool],
+                       timeout_s: float) -> str | None:
+    """None once `url`/health answers 200 through `client` (the one requests will
+    take); otherwise why not (the replica ended, or `timeout_s` passed)."""
     deadline = time.monotonic() + timeout_s
-    async with httpx.AsyncClient(trust_env=False, timeout=5) as client:
-        while True:
-            if not alive():
-                return "the replica exited"
-            try:
-                if (await client.get(url + "/health")).status_code == 200:
-                    return None
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                return f"the replica was not healthy after {timeout_s:.0f} s"
-            await asyncio.sleep(0.25)
+    while True:
+        if not alive():
+            return "the replica exited"
+        try:
+            if (await client.get(url + "/health", timeout=5)).status_code == 200:
+                return None
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            return f"the replica was not healthy after {timeout_s:.0f} s"
+        await asyncio.sleep(0.25)
