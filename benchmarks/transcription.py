@@ -18,18 +18,21 @@ import argparse
 import concurrent.futures
 import io
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 import wave
+from pathlib import Path
 
 import httpx
 import numpy as np
 
 from amity.audio.decode import decode_audio
 from amity.models.packaged_whisper import packaged_whisper_dir
+from amity.models.whisper_loader import model_bin_parts
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -129,10 +132,30 @@ class AmityServer:
         self.process.wait()
 
 
-def faster_whisper_runner(model: str, compute_type: str):
+def ctranslate2_dir(model: str, scratch: str) -> Path:
+    """The packaged directory, or for a split model.bin (whisper-base) a copy in
+    `scratch` with the parts joined: ctranslate2 reads only a whole model.bin."""
+    source = packaged_whisper_dir(model)
+    parts = model_bin_parts(source)
+    if [p.name for p in parts] == ["model.bin"]:
+        return source
+    target = Path(scratch) / model
+    target.mkdir(exist_ok=True)
+    for f in source.iterdir():
+        if not f.name.startswith("model.bin") and not (target / f.name).exists():
+            (target / f.name).symlink_to(f.resolve())
+    if not (target / "model.bin").exists():
+        with open(target / "model.bin", "wb") as out:
+            for part in parts:
+                with open(part, "rb") as f:
+                    shutil.copyfileobj(f, out)
+    return target
+
+
+def faster_whisper_runner(model: str, compute_type: str, scratch: str):
     from faster_whisper import BatchedInferencePipeline, WhisperModel
 
-    fw = WhisperModel(str(packaged_whisper_dir(model)), device="cpu", compute_type=compute_type)
+    fw = WhisperModel(str(ctranslate2_dir(model, scratch)), device="cpu", compute_type=compute_type)
     batched = BatchedInferencePipeline(fw)
 
     def run(clips, concurrency: int) -> list[str]:
@@ -177,13 +200,15 @@ def main() -> None:
     clips, spoken = make_clips(args.clips)
     audio_s = sum(len(c) for c in clips) / 16000
     print(f"{args.model}: {len(clips)} clips, {audio_s:.0f} s of audio; {os.cpu_count()} CPUs", flush=True)
+    scratch = tempfile.TemporaryDirectory()
     servers = {"amity (default)": AmityServer(args.model, []),
                "amity --dtype float32": AmityServer(args.model, ["--dtype", "float32"])}
     try:
         systems = {name: server.run for name, server in servers.items()}
         try:
             for compute_type in ("int8", "float32"):
-                systems[f"faster-whisper {compute_type}"] = faster_whisper_runner(args.model, compute_type)
+                systems[f"faster-whisper {compute_type}"] = faster_whisper_runner(args.model, compute_type,
+                                                                                  scratch.name)
         except ImportError:
             print("faster-whisper is not installed: its rows are left out")
         subset = slice(0, args.transformers_clips)
@@ -205,6 +230,7 @@ def main() -> None:
     finally:
         for server in servers.values():
             server.close()
+        scratch.cleanup()
     median = {key: float(np.median(values)) for key, values in speeds.items()}
     print(f"\n| audio s per wall s (median of {args.rounds}) | c=1 | c=8 | WER c=1 | WER c=8 |")
     print("|---|---|---|---|---|")
