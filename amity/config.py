@@ -30,7 +30,8 @@ class EngineConfig:
     dtype: str = _opt(
         "auto",
         "Weight and activation dtype. auto: float32 on a CPU (our kernels compute in float32; "
-        "bfloat16 halves weight bytes at some accuracy), bfloat16 on a GPU.",
+        "bfloat16 halves weight bytes at some accuracy; Whisper computes its encoder and LM "
+        "head in bfloat16 where the CPU has AVX512-BF16), bfloat16 on a GPU.",
         choices=("auto", "float32", "bfloat16", "float16"),
     )
     device: str = _opt("auto", "cpu, cuda, or auto (cuda when available).")

@@ -35,6 +35,7 @@ from amity.engine.transcription_request import (MAX_PREVIOUS_TOKENS, Phase, Prep
                                                 TranscriptionParams, TranscriptionRequest)
 from amity.models.attention import AttentionMetadata
 from amity.models.dtype import prepare_device
+from amity.models.whisper_compute import default_precision, prepare_whisper
 from amity.models.whisper_loader import LoadedWhisper, load_whisper
 
 logger = logging.getLogger("amity.engine")
@@ -53,6 +54,10 @@ class WhisperEngine:
         self.device, self.dtype = prepare_device(config.device, config.dtype, config.num_threads)
         loaded = loaded or load_whisper(config.model, self.dtype, self.device)
         self.model, self.tokenizer, self.vocab = loaded.model, loaded.tokenizer, loaded.vocab
+        self.precision = None  # torch's own kernels as loaded (a GPU, or bfloat16 weights)
+        if self.device.type == "cpu" and self.dtype == torch.float32:
+            self.precision = default_precision(config.dtype, self.device)
+            prepare_whisper(self.model, self.precision)
         self.model_path = loaded.path
         dims = self.model.dims
         self.vocab_size = dims.vocab_size
@@ -78,8 +83,8 @@ class WhisperEngine:
         self.language_mask = ~self._mask(self.vocab.language_ids.values())
         self.num_steps = 0
         self.last_step_scheduled = False
-        logger.info("transcription engine: %s on %s (%s), %d KV blocks of %d tokens (%d windows)",
-                    self.model_path, self.device, self.dtype, self.num_blocks, self.block_size,
+        logger.info("transcription engine: %s on %s (%s, compute %s), %d KV blocks of %d tokens (%d windows)",
+                    self.model_path, self.device, self.dtype, self.precision, self.num_blocks, self.block_size,
                     self.num_blocks // self.blocks_per_window)
 
     def _mask(self, token_ids) -> torch.Tensor:

@@ -62,7 +62,11 @@ class WhisperEncoderLayer(nn.Module):
         attn = self.self_attn
         h = self.self_attn_layer_norm(x)
         q, k, v = (attn.heads(p(h)).transpose(1, 2) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-        o = F.scaled_dot_product_attention(q, k, v)
+        # Attention in float32 even under bfloat16 autocast (whisper_compute.py): as fast
+        # on a CPU (torch's flash attention gains nothing from bfloat16 there), and in
+        # bfloat16 base mis-heard a German test clip's last words.
+        with torch.autocast(x.device.type, enabled=False):
+            o = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
         x = x + attn.out_proj(o.transpose(1, 2).flatten(2))
         return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
 
@@ -134,18 +138,30 @@ class Whisper(nn.Module):
         self.dims = dims
         self.encoder = WhisperEncoder(dims)
         self.decoder = WhisperDecoder(dims)
+        # Set by whisper_compute.prepare_whisper: its precision, our CPU kernel for the LM
+        # head, and the dtype the encoder and cross K/V projections autocast to (None: none).
+        self.compute_precision: str | None = None
+        self.lm_head: nn.Module | None = None
+        self.encoder_autocast: torch.dtype | None = None
 
     def encode(self, features: torch.Tensor) -> torch.Tensor:
-        return self.encoder(features)
+        with self._autocast(features):
+            return self.encoder(features).to(features.dtype)
 
     def cross_kv(self, encoder_out: torch.Tensor) -> CrossKV:
-        """One window's encoder output [1500, d] -> each decoder layer's (K, V)."""
+        """One window's encoder output [1500, d] -> each decoder layer's (K, V), kept
+        in the model's dtype whatever the projections computed in."""
         out = []
-        for layer in self.decoder.layers:
-            attn = layer.encoder_attn
-            out.append((attn.heads(attn.k_proj(encoder_out)).transpose(0, 1).contiguous(),
-                        attn.heads(attn.v_proj(encoder_out)).transpose(0, 1).contiguous()))
+        with self._autocast(encoder_out):
+            for layer in self.decoder.layers:
+                attn = layer.encoder_attn
+                out.append(tuple(attn.heads(p(encoder_out)).transpose(0, 1).to(encoder_out.dtype).contiguous()
+                                 for p in (attn.k_proj, attn.v_proj)))
         return out
+
+    def _autocast(self, x: torch.Tensor):
+        return torch.autocast(x.device.type, dtype=self.encoder_autocast or torch.bfloat16,
+                              enabled=self.encoder_autocast is not None)
 
     def decode(self, input_ids: torch.Tensor, positions: torch.Tensor,
                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
@@ -159,4 +175,6 @@ class Whisper(nn.Module):
         return dec.layer_norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.lm_head is not None:
+            return self.lm_head(hidden)
         return hidden @ self.decoder.embed_tokens.weight.T

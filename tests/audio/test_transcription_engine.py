@@ -3,12 +3,15 @@ chunking, and batching that changes nothing."""
 
 import numpy as np
 import pytest
+import torch
 
 from amity.audio.chunking import back_to_back_windows, vad_windows
 from amity.audio.mel import WINDOW_SAMPLES
 from amity.config import EngineConfig
 from amity.engine.transcription_request import TranscriptionParams, VadOptions
 from amity.engine.whisper_engine import WhisperEngine
+from amity.models.cpu_kernels import cpu_has
+from amity.models.whisper_compute import prepare_whisper
 from tests.audio.conftest import speech_samples
 
 pytestmark = pytest.mark.slow
@@ -19,7 +22,22 @@ ORDER = ["fox", "park", "milk", "train", "fox", "park", "milk", "train"]
 
 @pytest.fixture(scope="module")
 def tiny(tiny_dir):
+    """The float32 reference path."""
+    return WhisperEngine(EngineConfig(model=str(tiny_dir), dtype="float32", max_num_seqs=8))
+
+
+@pytest.fixture(scope="module")
+def tiny_default(tiny_dir):
+    """As served: bfloat16 encoder and LM head where the CPU has AVX512-BF16."""
     return WhisperEngine(EngineConfig(model=str(tiny_dir), max_num_seqs=8))
+
+
+def test_default_precision(tiny, tiny_default):
+    assert tiny.precision == "float32"
+    assert tiny_default.precision == ("bf16" if cpu_has("avx512_bf16") else "float32")
+    assert tiny_default.model.encoder_autocast == (torch.bfloat16 if tiny_default.precision == "bf16" else None)
+    with pytest.raises(ValueError, match="already computes"):  # one loaded model, one precision
+        prepare_whisper(tiny.model, "bf16")
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +62,9 @@ def test_windows_cut_in_quiet(long_recording):
     assert np.abs(long_recording[cut - 160:cut + 160]).max() < 1e-3  # in a pause, not in a word
 
 
-def test_long_audio_transcribes_completely(tiny, long_recording):
-    (final,) = tiny.transcribe([(long_recording, back_to_back_windows(long_recording), TranscriptionParams())])
+@pytest.mark.parametrize("engine", ["tiny", "tiny_default"])
+def test_long_audio_transcribes_completely(engine, request, long_recording):
+    (final,) = request.getfixturevalue(engine).transcribe([(long_recording, back_to_back_windows(long_recording), TranscriptionParams())])
     text = _text(final)
     for name, keyword in KEYWORDS.items():
         assert text.count(keyword) == ORDER.count(name), (keyword, text)
@@ -68,7 +87,12 @@ def test_vad_cuts_in_silence(tiny, long_recording):
         assert _text(final).count(keyword) == ORDER.count(name), _text(final)
 
 
-def test_batched_equals_solo(tiny, speech_dir, long_recording):
+@pytest.mark.parametrize("engine", ["tiny", "tiny_default"])
+def test_batched_equals_solo(engine, request, speech_dir, long_recording):
+    """In float32 by design (our kernels sum in a fixed order at every batch size);
+    in bfloat16 too on this model and these clips (oneDNN's encoder gives a window
+    the same numbers alone as in a batch of windows)."""
+    tiny = request.getfixturevalue(engine)
     clips = [speech_samples(speech_dir, name) for name in ("fox", "park", "milk", "train")] + [long_recording]
     items = [(s, back_to_back_windows(s), TranscriptionParams()) for s in clips]
     solo = [tiny.transcribe([item])[0].ordered_choices[0].token_ids for item in items]

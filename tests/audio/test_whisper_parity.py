@@ -70,7 +70,7 @@ def test_base_parts_assemble(base_dir):
 def test_tiny_en_greedy_tokens_match_transformers(tiny_dir, speech_dir):
     loaded = load_whisper(tiny_dir)
     hf = reference(loaded)
-    engine = WhisperEngine(EngineConfig(model=str(tiny_dir)), loaded)
+    engine = WhisperEngine(EngineConfig(model=str(tiny_dir), dtype="float32"), loaded)
     clips = [speech_samples(speech_dir, name) for name in ("fox", "park")]
     ours = our_tokens(engine, clips)
     for samples, tokens in zip(clips, ours):
@@ -86,7 +86,7 @@ def test_base_detects_language_and_matches_transformers(base_dir, speech_dir):
     vocab = loaded.vocab
     assert vocab.is_multilingual and len(vocab.language_ids) == 99
     hf = reference(loaded)
-    engine = WhisperEngine(EngineConfig(model=str(base_dir)), loaded)
+    engine = WhisperEngine(EngineConfig(model=str(base_dir), dtype="float32"), loaded)
     clips = {name: speech_samples(speech_dir, name) for name in ("german", "park")}
     # Detected (no language given), as transformers' detect_language does it.
     ours = dict(zip(clips, our_tokens(engine, list(clips.values()))))
