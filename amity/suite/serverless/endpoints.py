@@ -26,6 +26,7 @@ from amity.config import SuiteConfig
 from amity.suite.replicas.backend import ReplicaFailed, ReplicaSpec
 from amity.suite.replicas.manager import ReplicaManager
 from amity.suite.replicas.pool import Lease, ReplicaSet
+from amity.suite.replicas.proxy import new_client
 from amity.suite.serverless.sources import model_path
 
 log = logging.getLogger("amity.suite.serverless")
@@ -58,6 +59,7 @@ class ServerlessReplicas:
     def __init__(self, manager: ReplicaManager, config: SuiteConfig, overrides: dict[str, str],
                  cache_dir: Path):
         self.manager, self.config, self.overrides = manager, config, overrides
+        self._override_client = new_client() if overrides else None  # over TCP to their URLs
         self.cache_dir = cache_dir  # where `parts:` sources are assembled
         self.scale_to_zero: set[str] = set()  # set names to stop when idle
         self._starting: dict[str, asyncio.Task] = {}
@@ -67,7 +69,7 @@ class ServerlessReplicas:
         """A slot for one request on a replica of `entry`. Raises TimeoutError (not
         ready within the wait), StartFailed, QueueTimeout (every slot busy)."""
         if entry.id in self.overrides:
-            return Lease(self.overrides[entry.id], lambda: None)
+            return Lease(self.overrides[entry.id], self._override_client, lambda: None)
         replicas = await self._ready(entry)
         # No await between the set being ready and the slot being taken: the sweeper
         # never sees a set idle that a request is about to use.
@@ -131,3 +133,5 @@ class ServerlessReplicas:
             self._sweeper.cancel()
         for task in list(self._starting.values()):
             task.cancel()
+        if self._override_client is not None:
+            await self._override_client.aclose()
