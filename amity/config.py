@@ -82,10 +82,9 @@ class EngineConfig:
         "How torch's idle OpenMP threads wait for the next parallel op: bounded (spin tens of "
         "microseconds, then sleep), passive (sleep at once), active (always spin) or default "
         "(the runtime's own, about 3 ms of spinning, or the environment's OMP_WAIT_POLICY). "
-        "A decode step is about 120 parallel ops: passive wakes the workers for each, which "
-        "cost a single stream 40% of its speed; on a machine that other processes keep busy, "
-        "passive gives the cores back soonest (benchmarks/README.md). Set as amity serve / "
-        "generate start torch.",
+        "A decode step is about 120 parallel ops, and passive wakes the workers for each; on "
+        "a machine that other processes keep busy, passive gives the cores back soonest "
+        "(benchmarks/README.md, session 10). Set as amity serve / generate start torch.",
         choices=("bounded", "passive", "active", "default"),
     )
     lora_modules: tuple[str, ...] = _opt(

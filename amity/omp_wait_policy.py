@@ -10,8 +10,8 @@ attention call), a few to tens of microseconds apart:
   step are shorter than that, so the step runs as if the workers always spun, and an
   idle server sleeps.
 - `passive`: workers sleep at once and each op wakes them (a futex): a wake per op,
-  which cost a single stream 40% of its tokens/s here (benchmarks/README.md, session
-  10). It yields the cores soonest, for machines that other work keeps busy.
+  which a single stream pays for about 120 times a step (benchmarks/README.md,
+  session 10). It yields the cores soonest, for machines that other work keeps busy.
 - `active`: workers always spin, idle or not.
 - `default`: libgomp's own (about 3 ms of spinning) or the environment's settings.
 """
