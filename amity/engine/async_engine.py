@@ -164,8 +164,7 @@ class AsyncEngine:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stopping, self._dead = False, None
-        if isinstance(self._core, LLMEngine):  # --compile auto: Whisper and test cores run eagerly
-            self._worker.submit(self._core.start_background_compile)
+        self._worker.submit(self._core.start_background_compile)  # --compile auto
         self._running = self._worker.submit(self._run)
 
     async def shutdown(self) -> None:

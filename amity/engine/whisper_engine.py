@@ -152,6 +152,9 @@ class WhisperEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    def start_background_compile(self) -> None:
+        """Nothing to compile: the transcription engine runs eagerly."""
+
     # -- the step -----------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:

@@ -112,6 +112,9 @@ class FakeCore:
                 del self.live[request_id]
         return outputs
 
+    def start_background_compile(self) -> None:
+        pass  # no model
+
     def release(self) -> None:
         self.hold = False
         self._released.set()
