@@ -3,7 +3,10 @@
 Every system is started first (one at a time, each waited for), then the rounds run:
 in each, every system in turn gets the same `amity bench serve` load while the others
 sit idle (A, B, A, B, ...), `--rounds` times (at least 3), so that a drift of a shared
-machine lands on all of them rather than deciding a ratio. Each figure reported is the
+machine lands on all of them rather than deciding a ratio. Each round draws fresh
+prompts (the seed plus the round's number), the same for every system in it: a round
+never measures prompts that an earlier round left in a server's prefix cache, so TTFT
+is a prefill's, as on the first round. Each figure reported is the
 median over the rounds; each ratio the median of the rounds' own ratios (a round's runs
 are neighbours in time). Systems get the same model file where they can read it and the
 same thread count, so the ratios compare servers, not setups. A peer that is not
@@ -33,7 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from amity.bench import serve
@@ -308,7 +311,8 @@ def main(args) -> int:
                 begun = time.time()
                 try:
                     summaries, records = asyncio.run(serve.run_benchmark(
-                        system.url, workload, system.name, progress=not args.no_progress))
+                        system.url, replace(workload, seed=workload.seed + round_number - 1),
+                        system.name, progress=not args.no_progress))
                 except Exception as error:  # noqa: BLE001
                     fail(system.name, error, f"in round {round_number}")
                     continue

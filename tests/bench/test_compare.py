@@ -43,6 +43,11 @@ def test_missing_peer_is_skipped_and_running_peer_is_measured_every_round(start_
     assert level["output_tok_s_by_round"] == [r["output_tok_s"] for r in rows[1:4]]
     assert level["output_tok_s"] == sorted(level["output_tok_s_by_round"])[1]
     assert len(paced.bodies) == 3 * 5  # a warm-up and the four, each round
+    # Fresh prompts every round: none is one that an earlier round sent (a prefix cache's hit).
+    prompts = [[json.dumps(b.get("tokens") or b.get("prompt")) for b in paced.bodies[5 * n + 1:5 * n + 5]]
+               for n in range(3)]
+    assert all(len(set(p)) == 4 for p in prompts)
+    assert not set(prompts[0]) & set(prompts[1]) and not set(prompts[1]) & set(prompts[2])
     assert all((tmp_path / "paced" / f"round-{n}" / "summary.jsonl").exists() for n in (1, 2, 3))
 
 
