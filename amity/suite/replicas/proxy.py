@@ -14,6 +14,7 @@ when it is a 200, rewritten, and sent with its new length.
 
 import json
 import logging
+import urllib.parse
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 
 import anyio
@@ -131,16 +132,24 @@ async def _disconnect(request: Request, body_sent: anyio.Event) -> None:
 def _outgoing(url: str, request: Request, headers: list[tuple[str, str]],
               body: bytes | AsyncIterable[bytes]) -> httpcore.Request:
     """The request to the replica, framed as httpx would: a Host, and a body of known
-    length or a chunked one."""
-    query = request.scope["query_string"]
-    target = httpcore.URL(url + "?" + query.decode("latin-1") if query else url)
+    length or a chunked one. `url`'s path comes decoded (a path parameter): it is
+    percent-encoded again; the client's query goes on as it came."""
+    scheme, _, rest = url.partition("://")
+    netloc, _, path = rest.partition("/")  # not urlsplit: a decoded path may hold a "?"
+    origin = urllib.parse.urlsplit(f"{scheme}://{netloc}")
+    target = urllib.parse.quote("/" + path, safe="/:@!$&'()*+,;=").encode("ascii")
+    if query := request.scope["query_string"]:
+        target += b"?" + query
     framing = ([("content-length", str(len(body)))] if isinstance(body, bytes)
                else [] if any(k == "content-length" for k, _ in headers)
                else [("transfer-encoding", "chunked")])
-    host = target.host if target.port is None else b"%b:%d" % (target.host, target.port)
-    return httpcore.Request(request.method, target, content=body, extensions=_TIMEOUTS,
-                            headers=[(b"host", host)] + [(k.encode("latin-1"), v.encode("latin-1"))
-                                                         for k, v in headers + framing])
+    return httpcore.Request(
+        request.method, httpcore.URL(scheme=scheme, host=origin.hostname, port=origin.port,
+                                     target=target),
+        # latin-1: the header bytes as the client sent them (starlette decoded them so).
+        headers=[(k.encode("latin-1"), v.encode("latin-1"))
+                 for k, v in [("host", netloc)] + headers + framing],
+        content=body, extensions=_TIMEOUTS)
 
 
 async def forward(client: "ReplicaClient", url: str, request: Request,
@@ -202,9 +211,9 @@ class ReplicaClient(httpx.AsyncClient):
         # verify=False: replicas speak plain HTTP, and loading the CA bundle for
         # nothing costs a tenth of a second of CPU per replica started.
         transport = httpx.AsyncHTTPTransport(verify=False)
-        # httpx takes no pool of one's own: it replaces the transport's. Were httpx to
-        # rename `_pool`, its calls would go over TCP to the URL; the relay's would not
-        # notice.
+        # httpx takes no pool from its caller: this one replaces the transport's. Were
+        # httpx to rename `_pool`, its calls would go over TCP to the URL; the relay's
+        # would not notice.
         transport._pool = self.pool = pool
         # No proxies from the environment: replicas are on loopback. No read timeout:
         # a long generation is not an error; a dead replica breaks the connection.
