@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> None:
         args.model = str(default_model_path())
     path = Path(args.model)
     baseline = Baseline(path, getattr(torch, args.dtype), path.stem)
-    uvicorn.run(baseline.app(), host=args.host, port=args.port, log_level="warning")
+    # asyncio's loop named: uvicorn's "auto" would take uvloop (installed for the Suite).
+    uvicorn.run(baseline.app(), host=args.host, port=args.port, log_level="warning", loop="asyncio")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,8 @@ def test_the_suite_answers_what_the_container_answers(suite):
         assert "amity suite: serving on" in suite.output
         for method, path, body in [
                 ("GET", "/v1/models", None), ("GET", "/health", None),
+                # a query, and a path with escapes, go on as they came
+                ("GET", "/v1/models?x=%C3%A9", None), ("GET", "/v1/caf%C3%A9%3Fx", None),
                 ("POST", "/v1/tokenize", {"prompt": "Hello there"}),
                 ("POST", "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 6,
                                              "temperature": 0}),

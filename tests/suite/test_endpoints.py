@@ -335,6 +335,28 @@ def test_a_client_disconnect_cancels_a_non_streamed_request_at_the_replica(suite
     assert after["friendli_responses_total"] == before["friendli_responses_total"]
 
 
+def test_a_client_disconnect_mid_stream_cancels_the_request_at_the_replica(suite):
+    """The relay watches for the client's hang-up while it streams: the replica aborts
+    the request rather than generating the rest."""
+    endpoint = suite.running
+    before = replica_metrics(endpoint)
+    body = json.dumps({"model": endpoint, "prompt": "Once", "max_tokens": 480,
+                       "min_tokens": 480, "stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", suite.port)) as client:
+        client.sendall(b"POST /dedicated/v1/completions HTTP/1.1\r\nHost: suite\r\n"
+                       b"Authorization: Bearer " + ADMIN_TOKEN.encode() + b"\r\n"
+                       b"Content-Type: application/json\r\nContent-Length: "
+                       + str(len(body)).encode() + b"\r\n\r\n" + body)
+        received = b""
+        while b"data: " not in received:  # the stream has begun: the relay is in its loop
+            received += client.recv(65536)
+        assert received.startswith(b"HTTP/1.1 200"), received[:200]
+    after = wait_for(lambda: (m := replica_metrics(endpoint))["friendli_current_requests"] == 0
+                     and m, 120, "the replica dropping the request")
+    assert after["friendli_failure_by_cancel"] == before["friendli_failure_by_cancel"] + 1
+    assert after["friendli_responses_total"] == before["friendli_responses_total"]
+
+
 def test_scale_out_under_load_and_back(suite):
     http = suite.http
     endpoint = create(suite, autoscalingPolicy={"minReplica": 1, "maxReplica": 2,

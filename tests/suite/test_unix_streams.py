@@ -1,13 +1,15 @@
 """The router's client for a local replica (replicas/proxy.new_client with a Unix
 socket, on replicas/unix_streams.py) against a real uvicorn server on a real socket:
 chunks arrive as they were sent, a kept-alive connection the server closed is not
-reused, and a broken answer or a missing server is an httpx error."""
+reused, and a broken answer or a missing server is an httpx error; on asyncio's loop
+and on uvloop (the Suite's)."""
 
 import asyncio
 
 import httpx
 import pytest
 import uvicorn
+import uvloop
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
@@ -51,7 +53,9 @@ async def serve(path: str) -> tuple[uvicorn.Server, asyncio.Task]:
     return server, task
 
 
-def test_streams_keep_alive_and_errors_over_a_unix_socket(tmp_path):
+@pytest.mark.parametrize("new_loop", [asyncio.new_event_loop, uvloop.new_event_loop],
+                         ids=["asyncio", "uvloop"])
+def test_streams_keep_alive_and_errors_over_a_unix_socket(tmp_path, new_loop):
     path = str(tmp_path / "replica.sock")
 
     async def scenario() -> None:
@@ -75,4 +79,5 @@ def test_streams_keep_alive_and_errors_over_a_unix_socket(tmp_path):
             await client.get(URL + "/stream")
         await client.aclose()
 
-    asyncio.run(scenario())
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        runner.run(scenario())

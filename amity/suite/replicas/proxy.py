@@ -1,7 +1,10 @@
 """Forwarding one request to a replica and its answer back, streamed both ways.
 
-The answer's bytes go out as they arrive (`aiter_raw`: no decoding, no buffering),
-with the replica's status and headers. While it streams, a disconnect of the client
+The answer's bytes go out as they arrive (httpcore's body chunks: no decoding, no
+buffering), with the replica's status and headers. The exchange speaks to the
+client's httpcore connection pool directly: httpx's request building and its three
+stream layers per relayed chunk were CPU the relay does not need (benchmarks/README.md,
+"Router"). While it streams, a disconnect of the client
 is watched for; it closes the connection to the replica, which aborts the request
 there. A replica that dies mid-answer ends a stream with an `error` event (the
 container's own shape) and any other body where it broke: never a hang. An answer
@@ -11,6 +14,7 @@ when it is a 200, rewritten, and sent with its new length.
 
 import json
 import logging
+import urllib.parse
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 
 import anyio
@@ -26,7 +30,13 @@ log = logging.getLogger("amity.suite.replicas")
 # httpx logs every request at INFO: the health probes alone would flood the Suite's log.
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
-# Hop-by-hop headers (RFC 9110 7.6.1) and the ones httpx sets itself.
+# httpcore's errors for an exchange the replica failed (httpx maps the same ones).
+REPLICA_ERRORS = (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError)
+# The relay's timeouts: no read timeout (a long generation is not an error; a dead
+# replica breaks the connection).
+_TIMEOUTS = {"timeout": {"connect": 10.0, "read": None, "write": None, "pool": None}}
+
+# Hop-by-hop headers (RFC 9110 7.6.1) and the ones the relay sets itself.
 _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
         "transfer-encoding", "upgrade", "host", "content-length"}
 
@@ -44,15 +54,17 @@ def replica_unreachable(error: Exception) -> JSONResponse:
 class Upstream(Response):
     """The replica's answer, relayed."""
 
-    def __init__(self, answer: httpx.Response, on_close: Callable[[], None],
+    def __init__(self, answer: httpcore.Response, on_close: Callable[[], None],
                  rewrite: Callable[[bytes], bytes] | None = None):
         self.answer, self.on_close = answer, on_close
-        self.status_code = answer.status_code
-        self.rewrite = rewrite if answer.status_code == 200 else None
+        self.status_code = answer.status
+        self.rewrite = rewrite if answer.status == 200 else None
         self.background = None
         kept = _HOP if self.rewrite else _HOP - {"content-length"}
-        self.raw_headers = [(k.lower(), v) for k, v in answer.headers.raw
+        self.raw_headers = [(k.lower(), v) for k, v in answer.headers
                             if k.decode("latin-1").lower() not in kept]
+        self.is_event_stream = any(k == b"content-type" and v.startswith(b"text/event-stream")
+                                   for k, v in self.raw_headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -80,11 +92,11 @@ class Upstream(Response):
         await send({"type": "http.response.start", "status": self.status_code,
                     "headers": self.raw_headers})
         try:
-            async for chunk in self.answer.aiter_raw():
+            async for chunk in self.answer.stream:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except httpx.HTTPError as error:
+        except REPLICA_ERRORS as error:
             log.warning("a replica's answer broke off: %r", error)
-            if self.answer.headers.get("content-type", "").startswith("text/event-stream"):
+            if self.is_event_stream:
                 event = {"error": {"message": f"the replica failed: {error!r}",
                                    "type": "replica_error"}}
                 await send({"type": "http.response.body", "more_body": True,
@@ -95,7 +107,7 @@ class Upstream(Response):
         try:
             status, body = self.status_code, self.rewrite(await self.answer.aread())
             headers = self.raw_headers + [(b"content-length", str(len(body)).encode())]
-        except httpx.HTTPError as error:
+        except REPLICA_ERRORS as error:
             log.warning("a replica's answer broke off: %r", error)
             failed = replica_unreachable(error)
             status, body, headers = failed.status_code, failed.body, failed.raw_headers
@@ -117,7 +129,30 @@ async def _disconnect(request: Request, body_sent: anyio.Event) -> None:
         pass
 
 
-async def forward(client: httpx.AsyncClient, url: str, request: Request,
+def _outgoing(url: str, request: Request, headers: list[tuple[str, str]],
+              body: bytes | AsyncIterable[bytes]) -> httpcore.Request:
+    """The request to the replica, framed as httpx would: a Host, and a body of known
+    length or a chunked one. `url`'s path comes decoded (a path parameter): it is
+    percent-encoded again; the client's query goes on as it came."""
+    scheme, _, rest = url.partition("://")
+    netloc, _, path = rest.partition("/")  # not urlsplit: a decoded path may hold a "?"
+    origin = urllib.parse.urlsplit(f"{scheme}://{netloc}")
+    target = urllib.parse.quote("/" + path, safe="/:@!$&'()*+,;=").encode("ascii")
+    if query := request.scope["query_string"]:
+        target += b"?" + query
+    framing = ([("content-length", str(len(body)))] if isinstance(body, bytes)
+               else [] if any(k == "content-length" for k, _ in headers)
+               else [("transfer-encoding", "chunked")])
+    return httpcore.Request(
+        request.method, httpcore.URL(scheme=scheme, host=origin.hostname, port=origin.port,
+                                     target=target),
+        # latin-1: the header bytes as the client sent them (starlette decoded them so).
+        headers=[(k.encode("latin-1"), v.encode("latin-1"))
+                 for k, v in [("host", netloc)] + headers + framing],
+        content=body, extensions=_TIMEOUTS)
+
+
+async def forward(client: "ReplicaClient", url: str, request: Request,
                   body: bytes | AsyncIterable[bytes], on_close: Callable[[], None],
                   headers: list[tuple[str, str]] | None = None,
                   rewrite: Callable[[bytes], bytes] | None = None) -> Response:
@@ -131,18 +166,17 @@ async def forward(client: httpx.AsyncClient, url: str, request: Request,
         body_sent.set()
     else:
         body = _sent_then_set(body, body_sent)
-    outgoing = client.build_request(request.method, url, params=request.query_params,
-                                    headers=headers if headers is not None
-                                    else request_headers(request), content=body)
-    answer: httpx.Response | Response | None = None
+    outgoing = _outgoing(url, request, headers if headers is not None else request_headers(request),
+                         body)
+    answer: httpcore.Response | Response | None = None
     failure: Exception | None = None  # raised out here: a task group would wrap it
     try:
         async with anyio.create_task_group() as group:
             async def send() -> None:
                 nonlocal answer, failure
                 try:
-                    answer = await client.send(outgoing, stream=True)
-                except httpx.HTTPError as error:
+                    answer = await client.pool.handle_async_request(outgoing)
+                except REPLICA_ERRORS as error:
                     answer = replica_unreachable(error)
                 except Exception as error:  # noqa: BLE001 - e.g. the client's body broke off
                     failure = error
@@ -155,12 +189,12 @@ async def forward(client: httpx.AsyncClient, url: str, request: Request,
             group.start_soon(send)
             group.start_soon(watch_disconnect)
     except BaseException:
-        if isinstance(answer, httpx.Response):
+        if isinstance(answer, httpcore.Response):
             with anyio.CancelScope(shield=True):
                 await answer.aclose()
         on_close()
         raise
-    if isinstance(answer, httpx.Response):
+    if isinstance(answer, httpcore.Response):
         return Upstream(answer, on_close, rewrite)
     on_close()
     if failure is not None:
@@ -169,23 +203,29 @@ async def forward(client: httpx.AsyncClient, url: str, request: Request,
     return answer or Response(status_code=499)
 
 
-def new_client(uds: str | None = None) -> httpx.AsyncClient:
+class ReplicaClient(httpx.AsyncClient):
+    """httpx for the health probes and one-off calls, and `pool`, the httpcore
+    connection pool under it, for the relay."""
+
+    def __init__(self, pool: httpcore.AsyncConnectionPool):
+        # verify=False: replicas speak plain HTTP, and loading the CA bundle for
+        # nothing costs a tenth of a second of CPU per replica started.
+        transport = httpx.AsyncHTTPTransport(verify=False)
+        # httpx takes no pool from its caller: this one replaces the transport's. Were
+        # httpx to rename `_pool`, its calls would go over TCP to the URL; the relay's
+        # would not notice.
+        transport._pool = self.pool = pool
+        # No proxies from the environment: replicas are on loopback. No read timeout:
+        # a long generation is not an error; a dead replica breaks the connection.
+        super().__init__(transport=transport, trust_env=False,
+                         timeout=httpx.Timeout(None, connect=10.0))
+
+
+def new_client(uds: str | None = None) -> ReplicaClient:
     """A client for replicas, which connects to the Unix socket `uds` when given (the
     URL then only names the replica): on one machine, a Unix socket spares both sides
-    the kernel's TCP work for every chunk."""
-    # No proxies from the environment: replicas are on loopback. No read timeout:
-    # a long generation is not an error; a dead replica breaks the connection.
-    # verify=False: replicas speak plain HTTP, and loading the CA bundle for nothing
-    # costs a tenth of a second of CPU per replica started.
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-    transport = httpx.AsyncHTTPTransport(verify=False, limits=limits)
-    if uds is not None:
-        # httpx takes no network backend: its pool is replaced by one on asyncio's
-        # streams (unix_streams.py). Were httpx to rename `_pool`, requests would
-        # still reach the replica, over TCP to `url`.
-        transport._pool = httpcore.AsyncConnectionPool(
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry, uds=uds, network_backend=UnixStreams())
-    return httpx.AsyncClient(transport=transport, trust_env=False,
-                             timeout=httpx.Timeout(None, connect=10.0))
+    the kernel's TCP work for every chunk; it is read on asyncio's streams
+    (unix_streams.py)."""
+    unix = {"uds": uds, "network_backend": UnixStreams()} if uds is not None else {}
+    return ReplicaClient(httpcore.AsyncConnectionPool(
+        max_connections=None, max_keepalive_connections=64, keepalive_expiry=5.0, **unix))
