@@ -1,14 +1,16 @@
 """Audio seconds transcribed per wall second: amity over HTTP (`amity serve`, as it
 serves by default and with `--dtype float32`) at concurrency 1 and 8, beside
 faster-whisper (same CTranslate2 files, int8 and float32; its batched pipeline for the
-c=8 row; greedy: temperature 0, no fallback; only when `faster-whisper` is installed) and transformers' ASR pipeline (on
+c=8 row; greedy with its default temperature fallback, as amity's, which its batched
+pipeline does not do; only when `faster-whisper` is installed) and transformers' ASR pipeline (on
 the same weights, converted as the parity tests do; 30 s chunks, `batch_size` = the
 concurrency, as faster-whisper's batched pipeline batches one file's segments),
 greedy, English, on clips of about 20-60 s of espeak-ng speech (transformers' pipeline on
 the first `--transformers-clips` only: it runs at under 1 audio s per wall s here, and
 all eight would take 20 minutes). Each round runs every system at c=1 and c=8 in turn (amity's servers start once and wait idle between
 turns); the table gives each row's median over the rounds and the word error rate of
-its text against the sentences spoken.
+its text against the sentences spoken. `--baseline CHECKOUT` serves that checkout's amity
+too (e.g. main, for before/after in one run).
 
     TORCH_EXTENSIONS_DIR=/work/ext PYTHONPATH=. /work/main/.venv/bin/python \
         benchmarks/transcription.py --model whisper-tiny.en --clips 8 --rounds 1
