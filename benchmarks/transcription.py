@@ -107,7 +107,8 @@ class AmityServer:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "amity.cli", "serve", "--model", model, "--port", str(port), *extra_args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONPATH": pythonpath} if pythonpath else None)
+            env={**os.environ, "PYTHONPATH": pythonpath} if pythonpath else None,
+            cwd=pythonpath)  # `-m` puts the working directory first on sys.path
         while True:
             if self.process.poll() is not None:
                 raise RuntimeError(f"amity serve {' '.join(extra_args)} exited with {self.process.returncode}")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from amity.engine.transcription_fallback import Attempt
 from amity.models.whisper import CrossKV
 
 # OpenAI's Whisper keeps at most n_text_ctx // 2 - 1 previous tokens in the prompt.
@@ -76,7 +77,7 @@ class TranscriptionRequest:
     block: int = 0  # which feature block
     seek: int = 0  # log-mel frames into the block: where the current window starts
     temperatures: tuple[float, ...] = (0.0,)  # this window's tries, in order
-    attempt: int = 0  # index into `temperatures`
+    failed_attempts: list[Attempt] = field(default_factory=list)  # this window's tries so far
     sum_logprob: float = 0.0  # of this try's output tokens
     language_id: int | None = None
     cross: CrossKV | None = None
@@ -99,7 +100,7 @@ class TranscriptionRequest:
 
     @property
     def temperature(self) -> float:
-        return self.temperatures[self.attempt]
+        return self.temperatures[len(self.failed_attempts)]
 
     @property
     def window_output_ids(self) -> list[int]:

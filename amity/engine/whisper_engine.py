@@ -35,7 +35,8 @@ from amity.config import EngineConfig, parse_memory
 from amity.engine.errors import RequestError
 from amity.engine.kv_cache_manager import KVCacheManager
 from amity.engine.outputs import CompletionOutput, FinalOutput, RequestOutput
-from amity.engine.transcription_fallback import PROMPT_RESET_TEMPERATURE, needs_fallback, temperature_schedule
+from amity.engine.transcription_fallback import (PROMPT_RESET_TEMPERATURE, Attempt, best_attempt,
+                                                 temperature_schedule)
 from amity.engine.transcription_request import (MAX_PREVIOUS_TOKENS, Phase, PreparedTranscription,
                                                 TranscriptionParams, TranscriptionRequest)
 from amity.engine.whisper_timestamps import TimestampTokens, apply_timestamp_rules, conditioning_tokens, split_window
@@ -212,7 +213,7 @@ class WhisperEngine:
 
     def _start_window(self, request: TranscriptionRequest) -> None:
         vocab = self.vocab
-        request.attempt, request.sum_logprob = 0, 0.0
+        request.failed_attempts, request.sum_logprob = [], 0.0
         previous = request.previous_token_ids[-MAX_PREVIOUS_TOKENS:]
         prompt = [vocab.sot_prev, *previous] if previous else []
         prompt.append(vocab.sot)
@@ -318,17 +319,21 @@ class WhisperEngine:
 
     def _end_window(self, request: TranscriptionRequest) -> None:
         generated = request.window_output_ids
+        attempt = Attempt(generated, self.tokenizer.decode(self._text_ids(generated)), request.sum_logprob)
+        temperature = request.temperature  # the last one tried (faster-whisper's prompt reset reads it)
+        if not attempt.acceptable:
+            request.failed_attempts.append(attempt)
+            if len(request.failed_attempts) < len(request.temperatures):
+                # The same window again, hotter: its cross K/V and its prompt's K/V stay;
+                # the prompt's last token is computed again for the first output's logits.
+                request.sum_logprob = 0.0
+                del request.token_ids[request.num_prompt_tokens:]
+                request.num_computed_tokens = request.num_prompt_tokens - 1
+                return
+            attempt = best_attempt(request.failed_attempts)
+        generated = attempt.token_ids
         output = generated[:-1] if generated[-1] == self.vocab.eot else generated
         text_ids = self._text_ids(output)
-        if (request.attempt + 1 < len(request.temperatures)
-                and needs_fallback(self.tokenizer.decode(text_ids), request.sum_logprob, len(generated))):
-            # The same window again, hotter: its cross K/V and its prompt's K/V stay; the
-            # prompt's last token is computed again for the first output's logits.
-            request.attempt += 1
-            request.sum_logprob = 0.0
-            del request.token_ids[request.num_prompt_tokens:]
-            request.num_computed_tokens = request.num_prompt_tokens - 1
-            return
         block_frames = request.prepared.features[request.block].shape[1]
         if request.prepared.timestamps:
             segments, seek_frames = split_window(output, self.timestamps.begin,
@@ -340,7 +345,7 @@ class WhisperEngine:
         request.new_token_ids += kept
         request.finished_text += self.tokenizer.decode(self._text_ids(kept))
         # OpenAI's prompt reset: text decoded this hot conditions nothing after it.
-        if request.temperature > PROMPT_RESET_TEMPERATURE:
+        if temperature > PROMPT_RESET_TEMPERATURE:
             request.previous_token_ids = []
         else:
             request.previous_token_ids += conditioning

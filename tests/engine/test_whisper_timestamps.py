@@ -3,7 +3,7 @@ made-up vocabularies (the engine tests run them on real speech)."""
 
 import torch
 
-from amity.engine.transcription_fallback import compression_ratio, needs_fallback, temperature_schedule
+from amity.engine.transcription_fallback import Attempt, best_attempt, compression_ratio, temperature_schedule
 from amity.engine.whisper_timestamps import (MAX_INITIAL_TIMESTAMP_INDEX, TimestampTokens, apply_timestamp_rules,
                                              conditioning_tokens, split_window)
 
@@ -65,6 +65,11 @@ def test_fallback_measures():
     assert temperature_schedule(0.3) == (0.3, 0.4, 0.6, 0.8, 1.0)
     sentence = "Yesterday we walked to the park and watched the children play football."
     assert compression_ratio(sentence) < 2.4 < compression_ratio("Go, go, go, " * 20)
-    assert not needs_fallback(sentence, -0.3 * 15, 15)
-    assert needs_fallback(sentence, -1.5 * 15, 15)  # unsure tokens
-    assert needs_fallback("Go, go, go, " * 20, -0.1 * 60, 60)  # sure, but repeating itself
+    tokens = list(range(15))
+    assert Attempt(tokens, sentence, -0.3 * 15).acceptable
+    unsure = Attempt(tokens, sentence, -1.5 * 15)
+    repeating = Attempt(tokens * 4, "Go, go, go, " * 20, -0.1 * 60)  # sure, but repeating itself
+    assert not unsure.acceptable and not repeating.acceptable
+    # Every try failed: the likeliest that does not repeat itself (faster-whisper's choice).
+    assert best_attempt([repeating, unsure]) is unsure
+    assert best_attempt([repeating, Attempt(tokens, "Go, go, go, " * 20, -0.5 * 15)]) is repeating
