@@ -1,14 +1,16 @@
 """Audio seconds transcribed per wall second: amity over HTTP (`amity serve`, as it
 serves by default and with `--dtype float32`) at concurrency 1 and 8, beside
 faster-whisper (same CTranslate2 files, int8 and float32; its batched pipeline for the
-c=8 row; greedy: temperature 0, no fallback; only when `faster-whisper` is installed) and transformers' ASR pipeline (on
+c=8 row; greedy with its default temperature fallback, as amity's, which its batched
+pipeline does not do; only when `faster-whisper` is installed) and transformers' ASR pipeline (on
 the same weights, converted as the parity tests do; 30 s chunks, `batch_size` = the
 concurrency, as faster-whisper's batched pipeline batches one file's segments),
 greedy, English, on clips of about 20-60 s of espeak-ng speech (transformers' pipeline on
 the first `--transformers-clips` only: it runs at under 1 audio s per wall s here, and
 all eight would take 20 minutes). Each round runs every system at c=1 and c=8 in turn (amity's servers start once and wait idle between
 turns); the table gives each row's median over the rounds and the word error rate of
-its text against the sentences spoken.
+its text against the sentences spoken. `--baseline CHECKOUT` serves that checkout's amity
+too (e.g. main, for before/after in one run).
 
     TORCH_EXTENSIONS_DIR=/work/ext PYTHONPATH=. /work/main/.venv/bin/python \
         benchmarks/transcription.py --model whisper-tiny.en --clips 8 --rounds 1
@@ -97,14 +99,16 @@ def wav_bytes(samples: np.ndarray) -> bytes:
 class AmityServer:
     """`amity serve` on a free port, up and warmed by one short request."""
 
-    def __init__(self, model: str, extra_args: list[str]):
+    def __init__(self, model: str, extra_args: list[str], pythonpath: str | None = None):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         self.process = subprocess.Popen(
             [sys.executable, "-m", "amity.cli", "serve", "--model", model, "--port", str(port), *extra_args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": pythonpath} if pythonpath else None,
+            cwd=pythonpath)  # `-m` puts the working directory first on sys.path
         while True:
             if self.process.poll() is not None:
                 raise RuntimeError(f"amity serve {' '.join(extra_args)} exited with {self.process.returncode}")
@@ -162,10 +166,9 @@ def faster_whisper_runner(model: str, compute_type: str, scratch: str):
         texts = []
         for clip in clips:
             if concurrency == 1:
-                segments, _ = fw.transcribe(clip, beam_size=1, temperature=0.0, language="en")
+                segments, _ = fw.transcribe(clip, beam_size=1, language="en")
             else:
-                segments, _ = batched.transcribe(clip, beam_size=1, temperature=0.0, language="en",
-                                                 batch_size=concurrency)
+                segments, _ = batched.transcribe(clip, beam_size=1, language="en", batch_size=concurrency)
             texts.append("".join(s.text for s in segments))
         return texts
     return run
@@ -196,6 +199,8 @@ def main() -> None:
     parser.add_argument("--clips", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--transformers-clips", type=int, default=1)
+    parser.add_argument("--baseline", metavar="CHECKOUT",
+                        help="also serve another checkout's amity (its default precision), e.g. main's")
     args = parser.parse_args()
     clips, spoken = make_clips(args.clips)
     audio_s = sum(len(c) for c in clips) / 16000
@@ -203,6 +208,8 @@ def main() -> None:
     scratch = tempfile.TemporaryDirectory()
     servers = {"amity (default)": AmityServer(args.model, []),
                "amity --dtype float32": AmityServer(args.model, ["--dtype", "float32"])}
+    if args.baseline:
+        servers[f"amity {Path(args.baseline).name} (default)"] = AmityServer(args.model, [], args.baseline)
     try:
         systems = {name: server.run for name, server in servers.items()}
         try:

@@ -1,11 +1,10 @@
-"""Where a recording is cut into windows of at most 30 s (Whisper's input).
+"""Where VAD chunking cuts a recording into windows of at most 30 s (Whisper's input).
 
-- No strategy: the whole file as one block, windows back to back. A cut at exactly
-  30 s would split a word between two windows (half heard by each: lost or doubled),
-  so each window ends at the quietest 20 ms in its last `SEAM_SEARCH_S` seconds.
-- VAD (`"auto"`, or `server_vad` with its own settings): loudness normalised first,
-  then Silero VAD finds speech; speech segments are merged into windows of at most
-  30 s, so every cut falls in a pause, and silence is not transcribed.
+With no strategy nothing is cut here: the engine reads the whole file as Whisper does,
+each window starting where the last one's complete segments end (whisper_timestamps.py).
+VAD (`"auto"`, or `server_vad` with its own settings): loudness normalised first, then
+Silero VAD finds speech; speech segments are merged into windows of at most 30 s, so
+every cut falls in a pause, and silence is not transcribed.
 """
 
 import numpy as np
@@ -15,25 +14,8 @@ from amity.audio.mel import WINDOW_SAMPLES
 from amity.audio.vad import speech_segments
 from amity.engine.transcription_request import VadOptions
 
-SEAM_SEARCH_S = 5
 FRAME = SAMPLE_RATE // 50  # 20 ms
 TARGET_RMS = 0.1  # -20 dBFS: loudness normalisation's target
-
-
-def back_to_back_windows(samples: np.ndarray) -> list[tuple[int, int]]:
-    windows, start = [], 0
-    while len(samples) - start > WINDOW_SAMPLES:
-        search_from = start + WINDOW_SAMPLES - SEAM_SEARCH_S * SAMPLE_RATE
-        frames = samples[search_from:start + WINDOW_SAMPLES]
-        energy = (frames[:len(frames) // FRAME * FRAME].reshape(-1, FRAME) ** 2).mean(axis=1)
-        # The latest of the quietest frames (ties: keep the window long); cut mid-frame.
-        quietest = len(energy) - 1 - int(np.argmin(energy[::-1]))
-        end = search_from + quietest * FRAME + FRAME // 2
-        windows.append((start, end))
-        start = end
-    if len(samples) > start:
-        windows.append((start, len(samples)))
-    return windows
 
 
 def normalise_loudness(samples: np.ndarray) -> np.ndarray:

@@ -47,11 +47,17 @@ def mel_filters(num_mel_bins: int) -> torch.Tensor:
     return torch.from_numpy(filters.T.astype(np.float32))
 
 
-def log_mel(samples: np.ndarray, num_mel_bins: int = 80) -> torch.Tensor:
-    """Up to 30 s of 16 kHz samples -> [num_mel_bins, 3000] features."""
-    audio = torch.zeros(WINDOW_SAMPLES)
-    clip = torch.from_numpy(np.asarray(samples[:WINDOW_SAMPLES], dtype=np.float32))
-    audio[:len(clip)] = clip
+def log_mel(samples: np.ndarray, num_mel_bins: int = 80, whole: bool = False) -> torch.Tensor:
+    """16 kHz samples -> [num_mel_bins, 3000] features of the first 30 s, the audio
+    zero-padded to 30 s; `whole`: the whole recording unpadded -> [num_mel_bins,
+    len // 160], as transformers' extractor makes long-form features (`truncation=False,
+    padding="longest"`; the floor at 8 below the maximum is then the recording's)."""
+    if whole:
+        audio = torch.from_numpy(np.asarray(samples, dtype=np.float32))
+    else:
+        audio = torch.zeros(WINDOW_SAMPLES)
+        clip = torch.from_numpy(np.asarray(samples[:WINDOW_SAMPLES], dtype=np.float32))
+        audio[:len(clip)] = clip
     stft = torch.stft(audio, N_FFT, HOP_LENGTH, window=torch.hann_window(N_FFT), return_complex=True)
     power = stft[..., :-1].abs() ** 2
     log_spec = (mel_filters(num_mel_bins) @ power).clamp(min=1e-10).log10()

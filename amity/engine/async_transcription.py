@@ -5,7 +5,7 @@ the event loop and the engine thread."""
 
 import asyncio
 
-from amity.audio.chunking import back_to_back_windows, vad_windows
+from amity.audio.chunking import vad_windows
 from amity.audio.decode import AudioDecodeError, decode_audio
 from amity.config import EngineConfig
 from amity.engine.async_engine import AsyncEngine, _EngineThread
@@ -40,8 +40,7 @@ class AsyncTranscriptionEngine(AsyncEngine):
             samples = decode_audio(audio)
         except AudioDecodeError as error:
             raise RequestError(str(error), "file") from None
-        if params.vad is None:
-            windows = back_to_back_windows(samples)
-        else:
+        windows = None  # the whole file
+        if params.vad is not None:
             samples, windows = vad_windows(samples, params.vad)
         return self._core.validate(samples, windows, params)

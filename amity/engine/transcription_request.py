@@ -1,12 +1,15 @@
-"""A transcription as the engine sees it: its parameters, its windows, and its state.
+"""A transcription as the engine sees it: its parameters, its audio, and its state.
 
-A recording is cut into windows of at most 30 s (amity/audio/chunking.py). Window by
-window, the request waits for its encoder pass, then decodes: its decoder prompt is
-`<|startofprev|>` + the previous windows' last text tokens (Whisper's conditioning on
-previous text), then `<|startoftranscript|>`, the language, the task and
-`<|notimestamps|>`. On a multilingual model without a language, the first window's
-prompt is `<|startoftranscript|>` alone until the language is read from its logits
-(as `transformers`' `detect_language`), and that language holds for every window.
+The audio is log-mel feature blocks: the whole recording as one block, read as Whisper
+reads a long file (a 30 s window from `seek`, decoded with timestamps; the next window
+starts where the last complete segment ended), or, under VAD chunking, one block per
+speech window of at most 30 s, each decoded once without timestamps. Window by window,
+the request waits for its encoder pass, then decodes: its decoder prompt is
+`<|startofprev|>` + the previous windows' last tokens (Whisper's conditioning on previous
+text), then `<|startoftranscript|>`, the language, the task (and `<|notimestamps|>` for
+VAD windows). On a multilingual model without a language, the first window's prompt is
+`<|startoftranscript|>` alone until the language is read from its logits (as
+`transformers`' `detect_language`), and that language holds for every window.
 """
 
 import enum
@@ -15,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from amity.engine.transcription_fallback import Attempt
 from amity.models.whisper import CrossKV
 
 # OpenAI's Whisper keeps at most n_text_ctx // 2 - 1 previous tokens in the prompt.
@@ -38,6 +42,9 @@ class TranscriptionParams:
     seed: int | None = None
     # None: the whole file, windows back to back; else cut where VAD hears pauses.
     vad: VadOptions | None = None
+    # False: each window decoded once at `temperature` (as transformers' generate with one
+    # temperature; the parity tests), never again hotter (transcription_fallback.py).
+    temperature_fallback: bool = True
     n: int = 1  # one transcript per request (the server's Generation reads `n`)
 
 
@@ -46,8 +53,10 @@ class PreparedTranscription:
     """What `validate` makes of a request off the engine thread."""
 
     params: TranscriptionParams
-    features: list[torch.Tensor]  # log-mel [mel bins, 3000] of each window
-    window_samples: list[int]  # the audio each window holds
+    # Log-mel blocks [mel bins, frames]: the whole file (frames >= 3000), or VAD windows (3000 each).
+    features: list[torch.Tensor]
+    timestamps: bool  # decode with timestamps and seek through each block (the whole file)
+    window_samples: list[int]  # the audio each block holds
     input_audio_ms: int
     language_id: int | None  # the language token; None: to detect (or English-only)
 
@@ -65,7 +74,11 @@ class TranscriptionRequest:
     generator: torch.Generator | None
     arrival_time: float = field(default_factory=time.monotonic)
     phase: Phase = Phase.ENCODE
-    window: int = 0
+    block: int = 0  # which feature block
+    seek: int = 0  # log-mel frames into the block: where the current window starts
+    temperatures: tuple[float, ...] = (0.0,)  # this window's tries, in order
+    failed_attempts: list[Attempt] = field(default_factory=list)  # this window's tries so far
+    sum_logprob: float = 0.0  # of this try's output tokens
     language_id: int | None = None
     cross: CrossKV | None = None
     # The current window's decoder tokens (prompt, then output) and how far computed.
@@ -77,7 +90,7 @@ class TranscriptionRequest:
     block_table: list[int] = field(default_factory=list)
     num_published_blocks: int = 0
     # Across windows.
-    text_token_ids: list[int] = field(default_factory=list)  # every window's text tokens
+    previous_token_ids: list[int] = field(default_factory=list)  # the conditioning since the last reset
     finished_text: str = ""  # the finished windows' text
     emitted_text: str = ""  # what the outputs have carried so far
     new_token_ids: list[int] = field(default_factory=list)  # since the last output
@@ -86,8 +99,8 @@ class TranscriptionRequest:
     finish_reason: str | None = None
 
     @property
-    def num_windows(self) -> int:
-        return len(self.prepared.features)
+    def temperature(self) -> float:
+        return self.temperatures[len(self.failed_attempts)]
 
     @property
     def window_output_ids(self) -> list[int]:

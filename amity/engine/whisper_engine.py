@@ -3,7 +3,7 @@
 Driven like `LLMEngine` (by `AsyncEngine`'s thread, or `transcribe` offline): add
 requests, `step()`, read `RequestOutput` deltas. A step:
 
-1. encodes the next window of waiting requests (FIFO; one window while others are
+1. encodes the next 30 s window of waiting requests (FIFO; one window while others are
    decoding, so a long recording's next window costs the others one encoder pass,
    more at once when nothing decodes), computing each window's cross-attention K/V
    once and keeping them with the request until the window ends; a window is admitted
@@ -13,9 +13,12 @@ requests, `step()`, read `RequestOutput` deltas. A step:
    under `max_num_batched_tokens`, then one token each), self-attention K/V in the
    paged KV cache;
 3. picks each next token as `transformers`' Whisper generation does: suppress tokens,
-   begin-suppress tokens at a window's first output, greedy at temperature 0;
-4. ends a window at <|endoftext|> (or at 448 tokens), frees its blocks and queues the
-   request's next window behind the others (windows are scheduled like chunks).
+   begin-suppress tokens at a window's first output, the timestamp rules (the whole
+   file's windows; whisper_timestamps.py), greedy at temperature 0;
+4. ends a window at <|endoftext|> (or at 448 tokens): decodes it again hotter if it looks
+   degenerate (transcription_fallback.py), else keeps its complete segments, seeks to
+   where they end, frees its blocks and queues the request's next window behind the
+   others (windows are scheduled like chunks). A window's text is output once kept.
 """
 
 import collections
@@ -25,14 +28,18 @@ import time
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from amity.audio.mel import log_mel
+from amity.audio.mel import WINDOW_FRAMES, WINDOW_SAMPLES, log_mel
 from amity.config import EngineConfig, parse_memory
 from amity.engine.errors import RequestError
 from amity.engine.kv_cache_manager import KVCacheManager
 from amity.engine.outputs import CompletionOutput, FinalOutput, RequestOutput
+from amity.engine.transcription_fallback import (PROMPT_RESET_TEMPERATURE, Attempt, best_attempt,
+                                                 temperature_schedule)
 from amity.engine.transcription_request import (MAX_PREVIOUS_TOKENS, Phase, PreparedTranscription,
                                                 TranscriptionParams, TranscriptionRequest)
+from amity.engine.whisper_timestamps import TimestampTokens, apply_timestamp_rules, conditioning_tokens, split_window
 from amity.models.attention import AttentionMetadata
 from amity.models.dtype import prepare_device
 from amity.models.whisper_compute import default_precision, prepare_whisper
@@ -81,6 +88,8 @@ class WhisperEngine:
         self.suppress = self._mask(self.vocab.suppress_ids)
         self.begin_suppress = self._mask(self.vocab.begin_suppress_ids)
         self.language_mask = ~self._mask(self.vocab.language_ids.values())
+        self.timestamps = TimestampTokens(eot=self.vocab.eot, no_timestamps=self.vocab.no_timestamps,
+                                          begin=self.vocab.no_timestamps + 1)
         self.num_steps = 0
         self.last_step_scheduled = False
         logger.info("transcription engine: %s on %s (%s, compute %s), %d KV blocks of %d tokens (%d windows)",
@@ -94,10 +103,12 @@ class WhisperEngine:
 
     # -- requests -----------------------------------------------------------
 
-    def validate(self, samples: np.ndarray, windows: list[tuple[int, int]],
+    def validate(self, samples: np.ndarray, windows: list[tuple[int, int]] | None,
                  params: TranscriptionParams) -> PreparedTranscription:
-        """`windows`: [start, end) sample ranges of at most 30 s each. Computes the
-        log-mel features; safe on any thread."""
+        """`windows`: None for the whole file (read with timestamps, window by window from
+        where the last one's complete segments end), or [start, end) sample ranges of at
+        most 30 s each (VAD's; each decoded once without timestamps). Computes the log-mel
+        features; safe on any thread."""
         if not 0.0 <= params.temperature <= 1.0:
             raise RequestError(f"`temperature` must be between 0 and 1, not {params.temperature}",
                                "temperature")
@@ -116,22 +127,31 @@ class WhisperEngine:
                                    f"{params.language!r} is not supported", "language")
         if not self.vocab.is_multilingual and params.task != "transcribe":
             raise RequestError("this model transcribes English only; it cannot translate", "task")
-        features = [log_mel(samples[a:b], self.model.dims.num_mel_bins) for a, b in windows]
-        return PreparedTranscription(params=params, features=features,
-                                     window_samples=[b - a for a, b in windows],
+        bins = self.model.dims.num_mel_bins
+        if windows is None:  # up to 30 s: padded to one window; longer: as transformers' long-form
+            features = [log_mel(samples, bins, whole=len(samples) > WINDOW_SAMPLES)]
+            window_samples = [len(samples)]
+        else:
+            features = [log_mel(samples[a:b], bins) for a, b in windows]
+            window_samples = [b - a for a, b in windows]
+        return PreparedTranscription(params=params, features=features, timestamps=windows is None,
+                                     window_samples=window_samples,
                                      input_audio_ms=round(len(samples) * 1000 / 16000),
                                      language_id=language_id)
 
     def add_validated(self, request_id: str, prepared: PreparedTranscription) -> None:
         if request_id in self.requests:
             raise RequestError(f"request id {request_id!r} is already in flight", "request_id")
-        seed = prepared.params.seed if prepared.params.seed is not None else random.getrandbits(31)
-        generator = None
-        if prepared.params.temperature > 0:
-            generator = torch.Generator().manual_seed(seed)
-        request = TranscriptionRequest(request_id, prepared, generator, language_id=prepared.language_id)
+        params = prepared.params
+        seed = params.seed
+        if seed is None:  # greedy requests fall back to sampling reproducibly
+            seed = 0 if params.temperature == 0 else random.getrandbits(31)
+        request = TranscriptionRequest(
+            request_id, prepared, torch.Generator().manual_seed(seed), language_id=prepared.language_id,
+            temperatures=(temperature_schedule(params.temperature) if params.temperature_fallback
+                          else (params.temperature,)))
         self.requests[request_id] = request
-        if request.num_windows == 0:  # nothing to hear (e.g. no speech under VAD)
+        if not prepared.features:  # nothing to hear (e.g. no speech under VAD)
             request.phase = Phase.FINISHED
             self.finished_unreported.append(request)
         else:
@@ -179,7 +199,7 @@ class WhisperEngine:
         if not batch:
             return []
         with torch.inference_mode():
-            features = torch.stack([r.prepared.features[r.window] for r in batch])
+            features = torch.stack([self._window_features(r) for r in batch])
             encoded = self.model.encode(features.to(self.device, self.dtype))
             for request, encoder_out in zip(batch, encoded):
                 request.cross = self.model.cross_kv(encoder_out)
@@ -188,9 +208,16 @@ class WhisperEngine:
             self.decoding.append(request)
         return batch
 
+    @staticmethod
+    def _window_features(request: TranscriptionRequest) -> torch.Tensor:
+        """The 30 s from `seek`; past the block's end zeros, as transformers pads them."""
+        window = request.prepared.features[request.block][:, request.seek:request.seek + WINDOW_FRAMES]
+        return F.pad(window, (0, WINDOW_FRAMES - window.shape[1]))
+
     def _start_window(self, request: TranscriptionRequest) -> None:
         vocab = self.vocab
-        previous = request.text_token_ids[-MAX_PREVIOUS_TOKENS:]
+        request.failed_attempts, request.sum_logprob = [], 0.0
+        previous = request.previous_token_ids[-MAX_PREVIOUS_TOKENS:]
         prompt = [vocab.sot_prev, *previous] if previous else []
         prompt.append(vocab.sot)
         if vocab.is_multilingual and request.language_id is None:
@@ -204,10 +231,11 @@ class WhisperEngine:
 
     def _task_tokens(self, request: TranscriptionRequest) -> list[int]:
         vocab = self.vocab
+        no_timestamps = [] if request.prepared.timestamps else [vocab.no_timestamps]
         if not vocab.is_multilingual:
-            return [vocab.no_timestamps]
+            return no_timestamps
         task = vocab.translate if request.prepared.params.task == "translate" else vocab.transcribe
-        return [request.language_id, task, vocab.no_timestamps]
+        return [request.language_id, task, *no_timestamps]
 
     def _plan_decode(self) -> list[tuple[TranscriptionRequest, int]]:
         """(request, tokens to compute) of each decoding request this step can take."""
@@ -269,35 +297,70 @@ class WhisperEngine:
         scores = logits[rows].masked_fill(self.suppress, -float("inf"))
         first = torch.tensor([len(r.token_ids) == r.num_prompt_tokens for r in sampling])
         scores = scores.masked_fill(first[:, None] & self.begin_suppress, -float("inf"))
-        for request, row_scores in zip(sampling, scores):
+        timed = [i for i, r in enumerate(sampling) if r.prepared.timestamps]
+        if timed:
+            scores[timed] = apply_timestamp_rules(scores[timed], [sampling[i].window_output_ids for i in timed],
+                                                  self.timestamps)
+        logprobs = torch.log_softmax(scores, dim=-1)  # of the processed logits, as Whisper's fallback reads them
+        for request, row_scores, row_logprobs in zip(sampling, scores, logprobs):
             token = self._pick(request, row_scores)
             request.token_ids.append(token)
-            request.new_token_ids.append(token)
+            request.sum_logprob += float(row_logprobs[token])
             request.total_output_tokens += 1
             if token == self.vocab.eot or len(request.token_ids) >= self.max_model_len:
                 self._end_window(request)
-            touched.append(request)
+                touched.append(request)
         return touched
 
     @staticmethod
     def _pick(request: TranscriptionRequest, scores: torch.Tensor) -> int:
-        temperature = request.prepared.params.temperature
+        temperature = request.temperature
         if temperature == 0:
             return int(scores.argmax())
         probs = torch.softmax(scores / temperature, dim=-1)
         return int(torch.multinomial(probs, 1, generator=request.generator))
 
     def _end_window(self, request: TranscriptionRequest) -> None:
-        text_ids = self._text_ids(request.window_output_ids)
-        request.text_token_ids += text_ids
-        request.finished_text += self.tokenizer.decode(text_ids)
+        generated = request.window_output_ids
+        attempt = Attempt(generated, self.tokenizer.decode(self._text_ids(generated)), request.sum_logprob)
+        temperature = request.temperature  # the last one tried (faster-whisper's prompt reset reads it)
+        if not attempt.acceptable:
+            request.failed_attempts.append(attempt)
+            if len(request.failed_attempts) < len(request.temperatures):
+                # The same window again, hotter: its cross K/V and its prompt's K/V stay;
+                # the prompt's last token is computed again for the first output's logits.
+                request.sum_logprob = 0.0
+                del request.token_ids[request.num_prompt_tokens:]
+                request.num_computed_tokens = request.num_prompt_tokens - 1
+                return
+            attempt = best_attempt(request.failed_attempts)
+        generated = attempt.token_ids
+        output = generated[:-1] if generated[-1] == self.vocab.eot else generated
+        text_ids = self._text_ids(output)
+        block_frames = request.prepared.features[request.block].shape[1]
+        if request.prepared.timestamps:
+            segments, seek_frames = split_window(output, self.timestamps.begin,
+                                                 min(WINDOW_FRAMES, block_frames - request.seek))
+            kept = [t for segment in segments for t in segment]
+            conditioning = conditioning_tokens(segments, self.timestamps.begin)
+        else:
+            kept, seek_frames, conditioning = output, block_frames, text_ids
+        request.new_token_ids += kept
+        request.finished_text += self.tokenizer.decode(self._text_ids(kept))
+        # OpenAI's prompt reset: text decoded this hot conditions nothing after it.
+        if temperature > PROMPT_RESET_TEMPERATURE:
+            request.previous_token_ids = []
+        else:
+            request.previous_token_ids += conditioning
         request.total_prompt_tokens += request.num_prompt_tokens
         request.token_ids, request.num_prompt_tokens, request.num_computed_tokens = [], 0, 0
         self.kv.free(request)
         request.cross = None
         self.decoding.remove(request)
-        request.window += 1
-        if request.window < request.num_windows:
+        request.seek += seek_frames
+        if request.seek >= block_frames:
+            request.block, request.seek = request.block + 1, 0
+        if request.block < len(request.prepared.features):
             request.phase = Phase.ENCODE
             self.encode_queue.append(request)
         else:
@@ -309,13 +372,8 @@ class WhisperEngine:
 
     def _output(self, request: TranscriptionRequest) -> RequestOutput:
         finished = request.phase is Phase.FINISHED
-        text = request.finished_text
-        if not finished:
-            text += self.tokenizer.decode(self._text_ids(request.window_output_ids))
-        text = text.lstrip()
-        if not finished:  # hold back a partial UTF-8 character and trailing space
-            text = text.rstrip("\ufffd").rstrip()
-        delta = text[len(request.emitted_text):] if text.startswith(request.emitted_text) else ""
+        text = request.finished_text.lstrip()  # only kept windows: it only grows
+        delta = text[len(request.emitted_text):]
         request.emitted_text += delta
         new_ids, request.new_token_ids = request.new_token_ids, []
         if finished:
@@ -331,9 +389,10 @@ class WhisperEngine:
 
     # -- conveniences -------------------------------------------------------
 
-    def transcribe(self, items: list[tuple[np.ndarray, list[tuple[int, int]], TranscriptionParams]]
+    def transcribe(self, items: list[tuple[np.ndarray, list[tuple[int, int]] | None, TranscriptionParams]]
                    ) -> list[FinalOutput]:
-        """Run transcriptions to completion together (tests, benchmarks)."""
+        """Run transcriptions to completion together (tests, benchmarks); windows as
+        `validate` takes them."""
         finals = {}
         for i, (samples, windows, params) in enumerate(items):
             request_id = f"transcribe-{i}-{time.monotonic_ns()}"

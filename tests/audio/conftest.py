@@ -21,6 +21,8 @@ SENTENCES = {
     "train": ("en", "The train to London leaves from platform nine at half past seven."),
     "german": ("de", "Guten Morgen. Heute ist das Wetter sehr schön, und wir gehen in den Park."),
 }
+# The long recording: eight sentences, 0.7 s of silence after each (about 38 s).
+LONG_ORDER = ["fox", "park", "milk", "train", "fox", "park", "milk", "train"]
 
 
 @pytest.fixture(scope="session")
@@ -41,6 +43,15 @@ def speech_bytes(speech_dir, name: str) -> bytes:
 
 def speech_samples(speech_dir, name: str) -> np.ndarray:
     return decode_audio(speech_bytes(speech_dir, name))
+
+
+@pytest.fixture(scope="session")
+def long_recording(speech_dir):
+    silence = np.zeros(int(0.7 * 16000), np.float32)
+    parts = []
+    for name in LONG_ORDER:
+        parts += [speech_samples(speech_dir, name), silence]
+    return np.concatenate(parts)
 
 
 @pytest.fixture(scope="session")

@@ -1,23 +1,23 @@
-"""The transcription engine on tiny.en: long recordings across window seams, VAD
-chunking, and batching that changes nothing."""
+"""The transcription engine on tiny.en: long recordings across window seams, the
+temperature fallback, VAD chunking, and batching that changes nothing."""
 
 import numpy as np
 import pytest
 import torch
 
-from amity.audio.chunking import back_to_back_windows, vad_windows
+from amity.audio.chunking import vad_windows
 from amity.audio.mel import WINDOW_SAMPLES
 from amity.config import EngineConfig
+from amity.engine.transcription_fallback import COMPRESSION_RATIO_THRESHOLD, compression_ratio
 from amity.engine.transcription_request import TranscriptionParams, VadOptions
 from amity.engine.whisper_engine import WhisperEngine
 from amity.models.cpu_kernels import cpu_has
 from amity.models.whisper_compute import prepare_whisper
-from tests.audio.conftest import speech_samples
+from tests.audio.conftest import LONG_ORDER, speech_samples
 
 pytestmark = pytest.mark.slow
 
 KEYWORDS = {"fox": "lazy", "park": "football", "milk": "milk", "train": "London"}
-ORDER = ["fox", "park", "milk", "train", "fox", "park", "milk", "train"]
 
 
 @pytest.fixture(scope="module")
@@ -40,34 +40,66 @@ def test_default_precision(tiny, tiny_default):
         prepare_whisper(tiny.model, "bf16")
 
 
-@pytest.fixture(scope="module")
-def long_recording(speech_dir):
-    """About 45 s: eight sentences, 0.7 s of silence after each."""
-    silence = np.zeros(int(0.7 * 16000), np.float32)
-    parts = []
-    for name in ORDER:
-        parts += [speech_samples(speech_dir, name), silence]
-    return np.concatenate(parts)
-
-
 def _text(final) -> str:
     return final.ordered_choices[0].text
 
 
-def test_windows_cut_in_quiet(long_recording):
-    windows = back_to_back_windows(long_recording)
-    assert len(windows) == 2 and windows[0][0] == 0 and windows[-1][1] == len(long_recording)
-    assert windows[0][1] == windows[1][0] and windows[0][1] - windows[0][0] <= WINDOW_SAMPLES
-    cut = windows[0][1]
-    assert np.abs(long_recording[cut - 160:cut + 160]).max() < 1e-3  # in a pause, not in a word
-
-
 @pytest.mark.parametrize("engine", ["tiny", "tiny_default"])
 def test_long_audio_transcribes_completely(engine, request, long_recording):
-    (final,) = request.getfixturevalue(engine).transcribe([(long_recording, back_to_back_windows(long_recording), TranscriptionParams())])
+    """Whole sentences on both sides of every seam: each spoken sentence's key word
+    comes back as often as it was said, and the text's words keep the spoken order."""
+    (final,) = request.getfixturevalue(engine).transcribe([(long_recording, None, TranscriptionParams())])
     text = _text(final)
     for name, keyword in KEYWORDS.items():
-        assert text.count(keyword) == ORDER.count(name), (keyword, text)
+        assert text.count(keyword) == LONG_ORDER.count(name), (keyword, text)
+    heard = [name for word in text.split() for name, keyword in KEYWORDS.items() if keyword in word]
+    assert heard == LONG_ORDER, text
+
+
+def _outputs(engine, samples, params) -> list:
+    """Every output of one request, step by step."""
+    engine.add_validated("one", engine.validate(samples, None, params))
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    return outputs
+
+
+def test_windows_stream_as_they_are_kept(tiny, long_recording):
+    """The long recording takes two windows or more, each output once kept: the text
+    deltas concatenate to the final text, and the tokens hold each window's timestamps."""
+    outputs = _outputs(tiny, long_recording, TranscriptionParams())
+    deltas = [o.outputs[0].new_text for o in outputs if o.outputs[0].new_text]
+    tokens = [t for o in outputs for t in o.outputs[0].new_token_ids]
+    assert outputs[-1].finished and len(deltas) >= 2
+    timestamps = [t for t in tokens if t > tiny.vocab.no_timestamps]
+    assert timestamps and timestamps[0] == tiny.vocab.no_timestamps + 1  # <|0.00|> opens the file
+    (whole,) = tiny.transcribe([(long_recording, None, TranscriptionParams())])
+    assert "".join(deltas) == _text(whole) and tokens == whole.ordered_choices[0].token_ids
+
+
+@pytest.fixture(scope="module")
+def repeated_words(tmp_path_factory):
+    """Twenty seconds of one word said over and over: greedy decoding writes text that
+    compresses past Whisper's 2.4."""
+    import subprocess
+    root = tmp_path_factory.mktemp("repeat")
+    subprocess.run(["espeak-ng", "-w", str(root / "raw.wav"), "go " * 40], check=True)
+    subprocess.run(["sox", str(root / "raw.wav"), "-r", "16000", "-c", "1", str(root / "go.wav")], check=True)
+    from amity.audio.decode import decode_audio
+    return decode_audio((root / "go.wav").read_bytes())
+
+
+def test_repetitive_output_falls_back(tiny, repeated_words):
+    greedy = _outputs(tiny, repeated_words, TranscriptionParams(temperature_fallback=False))
+    greedy_text = "".join(o.outputs[0].new_text for o in greedy)
+    assert compression_ratio(greedy_text) > COMPRESSION_RATIO_THRESHOLD, greedy_text
+    first, second = (_outputs(tiny, repeated_words, TranscriptionParams()) for _ in range(2))
+    # Decoded again hotter (every try counted as generated tokens), the first acceptable
+    # try or else the likeliest one kept; the same on a second run (seeded).
+    assert first[-1].outputs[0].num_output_tokens > greedy[-1].outputs[0].num_output_tokens
+    assert [t for o in first for t in o.outputs[0].new_token_ids] == \
+        [t for o in second for t in o.outputs[0].new_token_ids]
 
 
 def test_vad_cuts_in_silence(tiny, long_recording):
@@ -84,7 +116,7 @@ def test_vad_cuts_in_silence(tiny, long_recording):
             assert np.abs(samples[max(0, edge - 80):edge + 80]).max() < 0.05
     (final,) = tiny.transcribe([(samples, windows, TranscriptionParams())])
     for name, keyword in KEYWORDS.items():
-        assert _text(final).count(keyword) == ORDER.count(name), _text(final)
+        assert _text(final).count(keyword) == LONG_ORDER.count(name), _text(final)
 
 
 @pytest.mark.parametrize("engine", ["tiny", "tiny_default"])
@@ -94,7 +126,7 @@ def test_batched_equals_solo(engine, request, speech_dir, long_recording):
     the same numbers alone as in a batch of windows)."""
     tiny = request.getfixturevalue(engine)
     clips = [speech_samples(speech_dir, name) for name in ("fox", "park", "milk", "train")] + [long_recording]
-    items = [(s, back_to_back_windows(s), TranscriptionParams()) for s in clips]
+    items = [(s, None, TranscriptionParams()) for s in clips]
     solo = [tiny.transcribe([item])[0].ordered_choices[0].token_ids for item in items]
     together = [f.ordered_choices[0].token_ids for f in tiny.transcribe(items)]
     assert together == solo

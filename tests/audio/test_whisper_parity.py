@@ -1,5 +1,6 @@
 """Whisper against `transformers` on the same weights: features, greedy tokens on real
-speech (tiny.en and base, from their packages), language detection on base."""
+speech (tiny.en and base, from their packages), long-form transcription with timestamps
+on a recording of over 30 s, language detection on base."""
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from amity.audio.mel import log_mel
 from amity.config import EngineConfig
 from amity.engine.transcription_request import TranscriptionParams
 from amity.engine.whisper_engine import WhisperEngine
+from amity.engine.whisper_timestamps import MAX_INITIAL_TIMESTAMP_INDEX
 from amity.models.packaged_whisper import BASE_MODEL_BIN_BYTES
 from amity.models.whisper_loader import load_whisper, model_bin_parts
 from tests.audio.conftest import speech_samples
@@ -34,6 +36,7 @@ def reference(loaded) -> WhisperForConditionalGeneration:
              if v.is_multilingual else {"forced_decoder_ids": [[1, v.no_timestamps]]})
     model.generation_config = GenerationConfig(
         decoder_start_token_id=v.sot, eos_token_id=v.eot, pad_token_id=v.eot, max_length=448,
+        max_initial_timestamp_index=MAX_INITIAL_TIMESTAMP_INDEX,
         suppress_tokens=list(v.suppress_ids), begin_suppress_tokens=list(v.begin_suppress_ids),
         no_timestamps_token_id=v.no_timestamps, is_multilingual=v.is_multilingual, **extra)
     return model
@@ -47,6 +50,25 @@ def reference_tokens(model, samples, vocab, **kwargs) -> list[int]:
     return out[:out.index(vocab.eot)] if vocab.eot in out else out
 
 
+def reference_long_form(model, samples, **kwargs) -> list[int]:
+    """transformers' long-form transcription (its sequential algorithm): the whole
+    recording's features unpadded, timestamps, conditioned on the previous tokens,
+    greedy, one temperature; the kept segments' tokens."""
+    extractor = WhisperFeatureExtractor(feature_size=model.config.num_mel_bins)
+    inputs = extractor(samples, sampling_rate=16000, truncation=False, padding="longest",
+                       return_attention_mask=True, return_tensors="pt")
+    assert inputs.input_features.shape[-1] > 3000  # long-form
+    with torch.inference_mode():
+        return model.generate(input_features=inputs.input_features, attention_mask=inputs.attention_mask,
+                              return_timestamps=True, condition_on_prev_tokens=True, temperature=0.0,
+                              **kwargs)[0].tolist()
+
+
+def our_long_form(engine, samples, **params) -> list[int]:
+    (final,) = engine.transcribe([(samples, None, TranscriptionParams(temperature_fallback=False, **params))])
+    return final.ordered_choices[0].token_ids
+
+
 def our_tokens(engine, clips, **params) -> list[list[int]]:
     items = [(s, [(0, len(s))], TranscriptionParams(**params)) for s in clips]
     return [[t for t in f.ordered_choices[0].token_ids if t != engine.vocab.eot] for f in engine.transcribe(items)]
@@ -57,6 +79,14 @@ def test_log_mel_matches_transformers(speech_dir):
     ours = log_mel(samples).numpy()
     theirs = WhisperFeatureExtractor(feature_size=80)(samples, sampling_rate=16000,
                                                       return_tensors="np").input_features[0]
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+
+def test_long_form_log_mel_matches_transformers(long_recording):
+    ours = log_mel(long_recording, whole=True).numpy()
+    theirs = WhisperFeatureExtractor(feature_size=80)(long_recording, sampling_rate=16000, truncation=False,
+                                                      padding="longest", return_tensors="np").input_features[0]
+    assert ours.shape == theirs.shape == (80, len(long_recording) // 160)
     np.testing.assert_allclose(ours, theirs, atol=1e-5)
 
 
@@ -78,6 +108,22 @@ def test_tiny_en_greedy_tokens_match_transformers(tiny_dir, speech_dir):
     texts = [loaded.tokenizer.decode(t) for t in ours]
     assert "lazy" in texts[0] and "speech recognition" in texts[0]
     assert "park" in texts[1] and "football" in texts[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["tiny_dir", "base_dir"])
+def test_long_form_matches_transformers(model, request, long_recording):
+    """Over 30 s (two windows or more, the second starting where the first one's last
+    complete segment ends): the same tokens, timestamps included, as transformers."""
+    loaded = load_whisper(request.getfixturevalue(model))
+    hf = reference(loaded)
+    engine = WhisperEngine(EngineConfig(model=str(loaded.path), dtype="float32"), loaded)
+    language = {"language": "en"} if loaded.vocab.is_multilingual else {}
+    ours = our_long_form(engine, long_recording, **language)
+    assert ours == reference_long_form(hf, long_recording, **language)
+    timestamps = [t - loaded.vocab.no_timestamps - 1 for t in ours if t > loaded.vocab.no_timestamps]
+    assert any(b < a for a, b in zip(timestamps, timestamps[1:]))  # a second window began
+    assert loaded.tokenizer.decode([t for t in ours if t < loaded.vocab.eot]).count("football") == 2
 
 
 @pytest.mark.slow
