@@ -1,8 +1,8 @@
 """Audio seconds transcribed per wall second: amity over HTTP (`amity serve`, as it
 serves by default and with `--dtype float32`) at concurrency 1 and 8, beside
 faster-whisper (same CTranslate2 files, int8 and float32; its batched pipeline for the
-c=8 row; greedy with its default temperature fallback, as amity's, which its batched
-pipeline does not do; only when `faster-whisper` is installed) and transformers' ASR pipeline (on
+c=8 row; greedy: temperature 0, no fallback, as amity is asked for; only when
+`faster-whisper` is installed) and transformers' ASR pipeline (on
 the same weights, converted as the parity tests do; 30 s chunks, `batch_size` = the
 concurrency, as faster-whisper's batched pipeline batches one file's segments),
 greedy, English, on clips of about 20-60 s of espeak-ng speech (transformers' pipeline on
@@ -122,7 +122,7 @@ class AmityServer:
 
     def transcribe(self, body: bytes) -> str:
         r = httpx.post(self.url + "/v1/audio/transcriptions", files={"file": ("a.wav", body)},
-                       data={"language": "en"}, timeout=3600)
+                       data={"language": "en", "temperature": "0"}, timeout=3600)  # greedy, no fallback
         r.raise_for_status()
         return r.json()["text"]
 
@@ -166,9 +166,10 @@ def faster_whisper_runner(model: str, compute_type: str, scratch: str):
         texts = []
         for clip in clips:
             if concurrency == 1:
-                segments, _ = fw.transcribe(clip, beam_size=1, language="en")
+                segments, _ = fw.transcribe(clip, beam_size=1, temperature=0.0, language="en")
             else:
-                segments, _ = batched.transcribe(clip, beam_size=1, language="en", batch_size=concurrency)
+                segments, _ = batched.transcribe(clip, beam_size=1, temperature=0.0, language="en",
+                                                 batch_size=concurrency)
             texts.append("".join(s.text for s in segments))
         return texts
     return run

@@ -43,7 +43,8 @@ class TranscriptionParams:
     # None: the whole file, windows back to back; else cut where VAD hears pauses.
     vad: VadOptions | None = None
     # False: each window decoded once at `temperature` (as transformers' generate with one
-    # temperature; the parity tests), never again hotter (transcription_fallback.py).
+    # temperature; the parity tests), never again hotter (transcription_fallback.py); its
+    # text then streams as it becomes final, not a window at a time.
     temperature_fallback: bool = True
     n: int = 1  # one transcript per request (the server's Generation reads `n`)
 
@@ -85,6 +86,9 @@ class TranscriptionRequest:
     token_ids: list[int] = field(default_factory=list)
     num_prompt_tokens: int = 0
     num_computed_tokens: int = 0
+    # How many of the window's output tokens are final before the window ends (streamed
+    # as they are): only when no fallback can decode the window again.
+    num_final_output_tokens: int = 0
     detecting_language: bool = False
     # What the KV cache manager needs (no prefix caching here).
     block_table: list[int] = field(default_factory=list)

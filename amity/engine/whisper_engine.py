@@ -105,8 +105,9 @@ class WhisperEngine:
 
     def validate(self, samples: np.ndarray, windows: list[tuple[int, int]] | None,
                  params: TranscriptionParams) -> PreparedTranscription:
-        """`windows`: None for the whole file (read with timestamps, window by window from
-        where the last one's complete segments end), or [start, end) sample ranges of at
+        """`windows`: None for the whole file (over 30 s read with timestamps, window by
+        window from where the last one's complete segments end; up to 30 s one window
+        without them), or [start, end) sample ranges of at
         most 30 s each (VAD's; each decoded once without timestamps). Computes the log-mel
         features; safe on any thread."""
         if not 0.0 <= params.temperature <= 1.0:
@@ -134,7 +135,10 @@ class WhisperEngine:
         else:
             features = [log_mel(samples[a:b], bins) for a, b in windows]
             window_samples = [b - a for a, b in windows]
-        return PreparedTranscription(params=params, features=features, timestamps=windows is None,
+        # Timestamps only where a file outlasts one window (transformers' long-form; its
+        # short-form, up to 30 s, decodes without them, and its text streams token by token).
+        long_form = windows is None and len(samples) > WINDOW_SAMPLES
+        return PreparedTranscription(params=params, features=features, timestamps=long_form,
                                      window_samples=window_samples,
                                      input_audio_ms=round(len(samples) * 1000 / 16000),
                                      language_id=language_id)
@@ -310,7 +314,27 @@ class WhisperEngine:
             if token == self.vocab.eot or len(request.token_ids) >= self.max_model_len:
                 self._end_window(request)
                 touched.append(request)
+            elif len(request.temperatures) == 1 and self._finalize(request):
+                touched.append(request)
         return touched
+
+    def _finalize(self, request: TranscriptionRequest) -> bool:
+        """A window that no fallback can decode again: how much of its output is final
+        already. Without timestamps all of it; with them, all before a segment that a
+        pair of timestamps just opened (the window's end keeps at least that much,
+        split_window). True when more became final."""
+        output = request.window_output_ids
+        final = len(output)
+        if request.prepared.timestamps:
+            begin = self.timestamps.begin
+            if not (len(output) >= 2 and output[-1] >= begin and output[-2] >= begin):
+                return False
+            final = len(output) - 1
+        if final <= request.num_final_output_tokens:
+            return False
+        request.new_token_ids += output[request.num_final_output_tokens:final]
+        request.num_final_output_tokens = final
+        return True
 
     @staticmethod
     def _pick(request: TranscriptionRequest, scores: torch.Tensor) -> int:
@@ -345,7 +369,7 @@ class WhisperEngine:
             conditioning = conditioning_tokens(segments, self.timestamps.begin)
         else:
             kept, seek_frames, conditioning = output, block_frames, text_ids
-        request.new_token_ids += kept
+        request.new_token_ids += kept[request.num_final_output_tokens:]
         request.finished_text += self.tokenizer.decode(self._text_ids(kept))
         # OpenAI's prompt reset: text decoded this hot conditions nothing after it.
         if temperature > PROMPT_RESET_TEMPERATURE:
@@ -354,6 +378,7 @@ class WhisperEngine:
             request.previous_token_ids += conditioning
         request.total_prompt_tokens += request.num_prompt_tokens
         request.token_ids, request.num_prompt_tokens, request.num_computed_tokens = [], 0, 0
+        request.num_final_output_tokens = 0
         self.kv.free(request)
         request.cross = None
         self.decoding.remove(request)
@@ -372,8 +397,14 @@ class WhisperEngine:
 
     def _output(self, request: TranscriptionRequest) -> RequestOutput:
         finished = request.phase is Phase.FINISHED
-        text = request.finished_text.lstrip()  # only kept windows: it only grows
-        delta = text[len(request.emitted_text):]
+        text = request.finished_text
+        if request.num_final_output_tokens:
+            final = request.window_output_ids[:request.num_final_output_tokens]
+            text += self.tokenizer.decode(self._text_ids(final))
+        text = text.lstrip()
+        if not finished:  # hold back a partial UTF-8 character and trailing space
+            text = text.rstrip("\ufffd").rstrip()
+        delta = text[len(request.emitted_text):] if text.startswith(request.emitted_text) else ""
         request.emitted_text += delta
         new_ids, request.new_token_ids = request.new_token_ids, []
         if finished:

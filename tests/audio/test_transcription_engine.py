@@ -77,6 +77,16 @@ def test_windows_stream_as_they_are_kept(tiny, long_recording):
     (whole,) = tiny.transcribe([(long_recording, None, TranscriptionParams())])
     assert "".join(deltas) == _text(whole) and tokens == whole.ordered_choices[0].token_ids
 
+    # Without the fallback nothing decodes a window again: each segment streams once a
+    # pair of timestamps closes it, not a window at a time.
+    greedy = TranscriptionParams(temperature_fallback=False)
+    outputs = _outputs(tiny, long_recording, greedy)
+    segment_deltas = [o.outputs[0].new_text for o in outputs if o.outputs[0].new_text]
+    assert len(segment_deltas) > len(deltas)
+    (whole,) = tiny.transcribe([(long_recording, None, greedy)])
+    assert "".join(segment_deltas) == _text(whole)
+    assert [t for o in outputs for t in o.outputs[0].new_token_ids] == whole.ordered_choices[0].token_ids
+
 
 @pytest.fixture(scope="module")
 def repeated_words(tmp_path_factory):

@@ -52,10 +52,16 @@ def test_plain_and_streamed_agree(audio_http, speech_dir):
     events = _events(streamed)
     deltas = [e["delta"] for e in events if e["type"] == "transcript.text.delta"]
     done = [e for e in events if e["type"] == "transcript.text.done"]
-    # One window (under 30 s): its text in one delta, once the window is kept.
+    # No temperature: the fallback may decode a window again, so one window (under 30 s)
+    # streams its text in one delta, once the window is kept.
     assert len(done) == 1 and events[-1] is done[0] and len(deltas) == 1
     assert "".join(deltas) == done[0]["text"] == body["text"]
     assert done[0]["usage"] == body["usage"]
+    # Temperature 0: greedy, decoded once, so the text streams as it is decoded.
+    greedy = _events(_post(audio_http, audio, stream="true", temperature="0"))
+    greedy_deltas = [e["delta"] for e in greedy if e["type"] == "transcript.text.delta"]
+    assert len(greedy_deltas) > 1 and all(greedy_deltas)
+    assert "".join(greedy_deltas) == greedy[-1]["text"] == body["text"]
 
     # No `stream` field, an Accept that prefers SSE: streamed; one that prefers JSON: plain.
     by_accept = _post(audio_http, audio, headers={"Accept": "text/event-stream"})

@@ -55,9 +55,9 @@ def _bool(value: str | None, name: str) -> bool | None:
     raise InvalidRequest(f"`{name}` must be true or false, not {value!r}", [name])
 
 
-def _temperature(value: str | None) -> float:
+def _temperature(value: str | None) -> float | None:
     if value is None or value.strip().lower() in ("", "null"):
-        return 0.0
+        return None
     try:
         number = float(value)
     except ValueError:
@@ -142,8 +142,11 @@ async def transcriptions(request: Request):
         if not audio:
             raise InvalidRequest("`file` is empty", ["file"])
         language = _text_field(form, "language")
+        temperature = _temperature(_text_field(form, "temperature"))
+        # Unset: Whisper's fallback from greedy (OpenAI's API does the same for its
+        # default). Given: that temperature alone, so 0 is greedy.
         params = TranscriptionParams(language=language.strip() or None if language else None,
-                                     temperature=_temperature(_text_field(form, "temperature")),
+                                     temperature=temperature or 0.0, temperature_fallback=temperature is None,
                                      vad=_chunking(_text_field(form, "chunking_strategy")))
         stream = _bool(_text_field(form, "stream"), "stream")
         model = _text_field(form, "model")
