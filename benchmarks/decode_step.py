@@ -34,7 +34,7 @@ def _median_ms(seconds: list[float]) -> float:
     return round(statistics.median(seconds) * 1e3, 3)
 
 
-def measure(compile_mode: str, kv_cache_memory: str) -> dict:
+def measure(compile_mode: str, kv_cache_memory: str, num_threads: int | None) -> dict:
     import torch
 
     from amity.config import EngineConfig
@@ -42,7 +42,8 @@ def measure(compile_mode: str, kv_cache_memory: str) -> dict:
     from amity.engine.sampling_params import SamplingParams
 
     started = time.perf_counter()
-    engine = LLMEngine(EngineConfig(compile=compile_mode, kv_cache_memory=kv_cache_memory))
+    engine = LLMEngine(EngineConfig(compile=compile_mode, kv_cache_memory=kv_cache_memory,
+                                    num_threads=num_threads))
     result = {"build_s": round(time.perf_counter() - started, 1)}
     tokens = torch.Generator().manual_seed(0)
 
@@ -105,15 +106,19 @@ def main() -> None:
     parser.add_argument("--compile", default="true", help="the engine's --compile: true, false or auto")
     parser.add_argument("--kv-cache-memory", default="512MiB")
     parser.add_argument("--omp-wait-policy", default="bounded", help="as `amity serve`'s (the default)")
+    parser.add_argument("--num-threads", type=int, default=None,
+                        help="torch threads (default: all cores); 1 on a machine other work keeps busy")
     args = parser.parse_args()
     if args.measure:
         from amity.omp_wait_policy import apply_omp_wait_policy  # before torch loads
         apply_omp_wait_policy(args.omp_wait_policy)
-        print(json.dumps(measure(args.compile, args.kv_cache_memory)))
+        print(json.dumps(measure(args.compile, args.kv_cache_memory, args.num_threads)))
     elif args.trees:
         trees = [tuple(tree.split("=", 1)) for tree in args.trees]
         passthrough = ["--compile", args.compile, "--kv-cache-memory", args.kv_cache_memory,
                        "--omp-wait-policy", args.omp_wait_policy]
+        if args.num_threads:
+            passthrough += ["--num-threads", str(args.num_threads)]
         print(json.dumps(compare(trees, args.rounds, passthrough), indent=1))
     else:
         parser.error("--measure or --trees")
