@@ -34,21 +34,21 @@ class CompileState(enum.IntEnum):
 
 
 class BackgroundCompile:
-    def __init__(self, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]):
+    def __init__(self, model: torch.nn.Module, kv_cache: torch.Tensor):
         self.failed = False
         self._ready: CompiledForward | None = None
         self._done = threading.Event()
         logger.info("compiling the model in the background (--compile auto); serving the "
                     "eager model meanwhile (the first compile on a machine takes minutes)")
-        self._thread = threading.Thread(target=self._compile, args=(model, kv_caches),
+        self._thread = threading.Thread(target=self._compile, args=(model, kv_cache),
                                         name="amity-compile", daemon=True)
         self._thread.start()
 
-    def _compile(self, model, kv_caches) -> None:
+    def _compile(self, model, kv_cache) -> None:
         started = time.perf_counter()
         try:
-            forward = CompiledForward(model.forward, kv_caches[0][0].device)
-            warm_up(forward, model, kv_caches)
+            forward = CompiledForward(model.forward, kv_cache.device)
+            warm_up(forward, model, kv_cache)
         except Exception:  # no C++ compiler, an inductor bug: eager still serves
             logger.exception("the background compile failed; serving stays eager")
             self.failed = True

@@ -109,7 +109,7 @@ class LLMEngine:
         self._structured_lock = threading.Lock()
         if served.is_encoder:  # no KV cache: whole sequences, one step each
             self.num_blocks = 0
-            self.kv_caches = []
+            self.kv_cache = None
             self.kv = KVCacheManager(0, self.block_size, enable_prefix_caching=False)
             self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                        whole_sequences=True)
@@ -139,15 +139,15 @@ class LLMEngine:
             raise ValueError(f"KV cache budget {config.kv_cache_memory!r} holds no block "
                              f"({bytes_per_block} bytes each)")
         # Zeroed once, for a defined start; attention itself keeps the slots a sequence
-        # does not own (stale, padded, never written) out of its output.
-        shape = (self.num_blocks, self.block_size, num_kv_heads, head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                           torch.zeros(shape, dtype=self.dtype, device=self.device))
-                          for _ in range(num_layers)]
+        # does not own (stale, padded, never written) out of its output. One tensor for
+        # every layer's K and V (attention.py's layout): the compiled forward takes one
+        # input and guards one tensor instead of 2 x num_layers.
+        self.kv_cache = torch.zeros((num_layers, 2, self.num_blocks, self.block_size, num_kv_heads, head_dim),
+                                    dtype=self.dtype, device=self.device)
         self.kv = KVCacheManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         batch = InputBatch(config.max_num_seqs, self.max_model_len, self.block_size)
-        self.runner = ModelRunner(self.model, self.kv_caches, self.block_size, self.device, self.dtype,
+        self.runner = ModelRunner(self.model, self.kv_cache, self.block_size, self.device, self.dtype,
                                   batch, self.lora.slots if self.lora else None)
         logger.info("engine: %s (%s) on %s (%s), %d KV blocks of %d tokens, context %d",
                     self.model_path.name, self.task, self.device, self.dtype, self.num_blocks,
@@ -158,7 +158,7 @@ class LLMEngine:
         logger.info("compiling the model (--compile true); the first start on a machine takes about three minutes")
         started = time.perf_counter()
         forward = CompiledForward(self.model.forward, self.device)
-        warm_up(forward, self.model, self.kv_caches)
+        warm_up(forward, self.model, self.kv_cache)
         self.runner.forward, self._compiled = forward, True
         logger.info("compiled in %.1f s", time.perf_counter() - started)
 
@@ -168,7 +168,7 @@ class LLMEngine:
         does when it starts serving (AsyncEngine.start); offline use stays eager."""
         if (self.config.compile == "auto" and self.served.can_generate and not self._compiled
                 and self._background_compile is None):
-            self._background_compile = BackgroundCompile(self.model, self.kv_caches)
+            self._background_compile = BackgroundCompile(self.model, self.kv_cache)
 
     def _adopt_compiled(self) -> None:
         forward = self._background_compile.take()

@@ -44,7 +44,7 @@ class StepResult:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    def __init__(self, model: torch.nn.Module, kv_cache: torch.Tensor,
                  block_size: int, device: torch.device, dtype: torch.dtype, batch: InputBatch,
                  lora: LoraSlots | None = None):
         self.model = model
@@ -53,7 +53,7 @@ class ModelRunner:
         # swapped in between two steps.
         self.forward = model
         self.lora = lora
-        self.kv_caches = kv_caches
+        self.kv_cache = kv_cache
         self.block_size = block_size
         self.device = device
         self.dtype = dtype
@@ -132,7 +132,7 @@ class ModelRunner:
             embeds = embeds.index_copy(0, inputs.replaced_indices, inputs.replaced_vectors)
         if self.lora is not None:
             self.lora.set_step(inputs.adapter_slots)
-        hidden = self.forward(embeds, inputs.positions, self.kv_caches, inputs.attn)
+        hidden = self.forward(embeds, inputs.positions, self.kv_cache, inputs.attn)
         logits = None
         if inputs.logit_rows:
             logits = self.model.compute_logits(hidden[inputs.logits_indices]).float()

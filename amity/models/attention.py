@@ -1,10 +1,12 @@
 """Paged attention.
 
 K/V live in a pool of fixed-size blocks per layer: `[num_blocks, block_size,
-num_kv_heads, head_dim]`. Each sequence names its blocks in a block table, so a
-token at position p sits in block `block_table[p // block_size]`, slot
-`p % block_size`. Every step writes the new tokens' K/V to their slots, then
-attends over each sequence's whole context.
+num_kv_heads, head_dim]`. An engine keeps every layer's pair in one tensor,
+`[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]` (`kv_cache[layer][0]`
+is that layer's K pool, a contiguous view), so a step passes the model one tensor.
+Each sequence names its blocks in a block table, so a token at position p sits in
+block `block_table[p // block_size]`, slot `p % block_size`. Every step writes the
+new tokens' K/V to their slots, then attends over each sequence's whole context.
 
 One rule for every sequence in a step, whether it is prefilling, decoding or
 continuing a chunked prefill: query token i of a chunk of q_len tokens, with

@@ -21,6 +21,16 @@ engine/background_compile.py). Inductor caches what it builds (in
 20 s here, against about three minutes cold for the default model (80 s without
 cpp_wrapper).
 
+The KV cache comes in as one tensor (every layer's K and V, attention.py), not as
+2 x num_layers: dynamo guards one tensor instead of 60 for the default model (277
+lines of `TORCH_LOGS=guards` for the two graphs, against 1521), and the graph's
+call passes one handle. Each layer's attention writes its views of it in place
+(inductor re-inplaces the op's mutation; inductor_storage_offset.py keeps their
+offsets). The guards left are on the step's six tensors (dtype, device, sizes,
+dynamic marks, no aliasing), the global grad/autocast state and the model's code:
+about 8 us a step to check; each stands for a real change that needs another graph,
+so none is filtered.
+
 The embedding and the LM head stay eager: they are one op each.
 """
 
@@ -32,17 +42,18 @@ import torch
 from torch._dynamo.decorators import mark_unbacked, maybe_mark_dynamic
 
 from amity.models.attention import AttentionMetadata
+from amity.models.inductor_storage_offset import register_sym_storage_offset_lowering
 
 logger = logging.getLogger("amity.engine")
 _model_keys = itertools.count()
 
 
-def _forward(forward, inputs_embeds, positions, kv_caches, meta):
-    return forward(inputs_embeds, positions, kv_caches, meta)
+def _forward(forward, inputs_embeds, positions, kv_cache, meta):
+    return forward(inputs_embeds, positions, kv_cache, meta)
 
 
 class CompiledForward:
-    """Wraps a model's `forward(inputs_embeds, positions, kv_caches, meta)`."""
+    """Wraps a model's `forward(inputs_embeds, positions, kv_cache, meta)`."""
 
     def __init__(self, forward, device: torch.device):
         # Nothing changes a module's attributes after loading, so guards on them
@@ -52,41 +63,39 @@ class CompiledForward:
         # one's graphs on its own modules. So each model compiles its own copy of
         # `_forward`'s code object.
         code = _forward.__code__.replace(co_name=f"amity_forward_{next(_model_keys)}")
+        register_sym_storage_offset_lowering()  # the KV cache's per-layer views need it
         self._forward = forward
-        self._marked_caches = None
+        self._marked_cache = None
         self._compiled = torch.compile(
             types.FunctionType(code, _forward.__globals__), dynamic=False, fullgraph=True,
             options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
                      "cpp_wrapper": device.type == "cpu"})
 
-    def __call__(self, inputs_embeds, positions, kv_caches, meta: AttentionMetadata):
-        # Only the step's token count varies from step to step. The KV caches'
-        # block count is dynamic too, so that the graphs cached on disk serve a
-        # restart whose free memory, and so whose cache size, differs.
+    def __call__(self, inputs_embeds, positions, kv_cache: torch.Tensor, meta: AttentionMetadata):
+        # The KV cache's block count is dynamic, so that the graphs cached on disk
+        # serve a restart whose free memory, and so whose cache size, differs. The
+        # engine keeps one cache tensor, and the mark stays on it: once.
+        if kv_cache is not self._marked_cache:
+            maybe_mark_dynamic(kv_cache, 2)
+            self._marked_cache = kv_cache
+        # Only the step's token count varies from step to step.
         for tensor in (inputs_embeds, positions, meta.slot_mapping):
             maybe_mark_dynamic(tensor, 0)
-        if kv_caches is not self._marked_caches:  # the mark stays on the tensors: once
-            for k_cache, v_cache in kv_caches:
-                maybe_mark_dynamic(k_cache, 0)
-                maybe_mark_dynamic(v_cache, 0)
-            self._marked_caches = kv_caches
         for tensor in (meta.query_start, meta.context_lens, meta.block_tables):
             mark_unbacked(tensor, 0)
         mark_unbacked(meta.block_tables, 1)
-        return self._compiled(self._forward, inputs_embeds, positions, kv_caches, meta)
+        return self._compiled(self._forward, inputs_embeds, positions, kv_cache, meta)
 
 
-def warm_up(forward: CompiledForward, model: torch.nn.Module,
-            kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+def warm_up(forward: CompiledForward, model: torch.nn.Module, kv_cache: torch.Tensor) -> None:
     """Builds both graphs: a step of three tokens, then one of a single token, as one
     sequence's prefill and decode. They write a scratch KV cache of four blocks shaped
-    like `kv_caches` (the block count is dynamic), so a warm-up beside live steps never
+    like `kv_cache` (the block count is dynamic), so a warm-up beside live steps never
     touches a live block; with LoRA they read the step's adapter buffer as it is and
     never write it. Four tokens of ids 0-3: any model's vocabulary has them."""
-    k_cache = kv_caches[0][0]
-    scratch = [tuple(torch.zeros((4, *k_cache.shape[1:]), dtype=k_cache.dtype, device=k_cache.device)
-                     for _ in range(2)) for _ in kv_caches]
-    as_long = {"dtype": torch.long, "device": k_cache.device}
+    num_layers, pair, _, *block_shape = kv_cache.shape
+    scratch = torch.zeros((num_layers, pair, 4, *block_shape), dtype=kv_cache.dtype, device=kv_cache.device)
+    as_long = {"dtype": torch.long, "device": kv_cache.device}
     with torch.inference_mode():  # as ModelRunner.execute: dynamo guards on it
         for graph, positions in enumerate((range(3), range(3, 4)), 1):
             logger.info("compiling graph %d of 2 (%s)", graph,

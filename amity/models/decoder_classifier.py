@@ -37,9 +37,9 @@ class LlamaForSequenceClassification(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
 
-    def forward(self, inputs_embeds, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, inputs_embeds, positions, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] of an engine step, as LlamaForCausalLM's."""
-        return self.model(inputs_embeds, positions, kv_caches, meta)
+        return self.model(inputs_embeds, positions, kv_cache, meta)
 
     def hidden_states(self, batch: PackedBatch) -> torch.Tensor:
         return prefill_hidden_states(self, batch)

@@ -110,11 +110,11 @@ class LlamaModel(nn.Module):
             DecoderLayer(config, qkv_bias, qk_norm) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, inputs_embeds, positions, kv_caches, meta):
+    def forward(self, inputs_embeds, positions, kv_cache, meta):
         x = inputs_embeds
         rope = self.rotary(positions, x.dtype)  # once per step, shared by every layer
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, rope, kv_cache, meta)
+        for layer, layer_kv in zip(self.layers, kv_cache):
+            x = layer(x, rope, layer_kv, meta)
         return self.norm(x)
 
 
@@ -141,9 +141,10 @@ class LlamaForCausalLM(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
 
-    def forward(self, inputs_embeds, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
-        """Hidden states [num_tokens, hidden] for a flat batch of tokens."""
-        return self.model(inputs_embeds, positions, kv_caches, meta)
+    def forward(self, inputs_embeds, positions, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """Hidden states [num_tokens, hidden] for a flat batch of tokens; `kv_cache`:
+        [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim] (attention.py)."""
+        return self.model(inputs_embeds, positions, kv_cache, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

@@ -44,8 +44,6 @@ def prefill_hidden_states(model: torch.nn.Module, batch: PackedBatch) -> torch.T
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     embeds = model.embed(batch.input_ids)
     meta, num_blocks = prefill_metadata(batch, SCRATCH_BLOCK_SIZE)
-    shape = (num_blocks, SCRATCH_BLOCK_SIZE, num_kv_heads, head_dim)
-    kv_caches = [(torch.zeros(shape, dtype=embeds.dtype, device=device),
-                  torch.zeros(shape, dtype=embeds.dtype, device=device))
-                 for _ in range(config.num_hidden_layers)]
-    return model(embeds, batch.positions, kv_caches, meta)
+    kv_cache = torch.zeros((config.num_hidden_layers, 2, num_blocks, SCRATCH_BLOCK_SIZE, num_kv_heads, head_dim),
+                           dtype=embeds.dtype, device=device)
+    return model(embeds, batch.positions, kv_cache, meta)
