@@ -199,7 +199,7 @@ def main() -> None:
     parser.add_argument("--model", default="whisper-tiny.en", choices=("whisper-tiny.en", "whisper-base"))
     parser.add_argument("--clips", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--transformers-clips", type=int, default=1)
+    parser.add_argument("--transformers-clips", type=int, default=1, help="0 leaves its row out")
     parser.add_argument("--baseline", metavar="CHECKOUT",
                         help="also serve another checkout's amity (its default precision), e.g. main's")
     args = parser.parse_args()
@@ -220,7 +220,8 @@ def main() -> None:
         except ImportError:
             print("faster-whisper is not installed: its rows are left out")
         subset = slice(0, args.transformers_clips)
-        systems[f"transformers pipeline ({args.transformers_clips} clip(s))"] = transformers_runner(args.model)
+        if args.transformers_clips > 0:  # 0: its row is left out
+            systems[f"transformers pipeline ({args.transformers_clips} clip(s))"] = transformers_runner(args.model)
         speeds: dict[tuple[str, int], list[float]] = {}
         errors: dict[tuple[str, int], float] = {}
         for round_ in range(args.rounds):
