@@ -15,7 +15,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 
 
-SERVER_FLAGS = ("model", "dtype", "kv_cache_memory", "num_threads", "quantization")
+SERVER_FLAGS = ("model", "dtype", "kv_cache_memory", "num_threads", "quantization", "compile")
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
