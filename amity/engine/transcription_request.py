@@ -107,5 +107,11 @@ class TranscriptionRequest:
         return self.temperatures[len(self.failed_attempts)]
 
     @property
+    def uses_fallback(self) -> bool:
+        """Whether the fallback judges each window (a schedule of several temperatures), so
+        that a window may be decoded again."""
+        return len(self.temperatures) > 1
+
+    @property
     def window_output_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens:]

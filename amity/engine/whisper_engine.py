@@ -129,15 +129,15 @@ class WhisperEngine:
         if not self.vocab.is_multilingual and params.task != "transcribe":
             raise RequestError("this model transcribes English only; it cannot translate", "task")
         bins = self.model.dims.num_mel_bins
-        if windows is None:  # up to 30 s: padded to one window; longer: as transformers' long-form
-            features = [log_mel(samples, bins, whole=len(samples) > WINDOW_SAMPLES)]
+        # Timestamps only where a file outlasts one window (transformers' long-form; its
+        # short-form, up to 30 s, decodes without them, and its text streams token by token).
+        long_form = windows is None and len(samples) > WINDOW_SAMPLES
+        if windows is None:  # up to 30 s: padded to one window; longer: unpadded, as transformers'
+            features = [log_mel(samples, bins, whole=long_form)]
             window_samples = [len(samples)]
         else:
             features = [log_mel(samples[a:b], bins) for a, b in windows]
             window_samples = [b - a for a, b in windows]
-        # Timestamps only where a file outlasts one window (transformers' long-form; its
-        # short-form, up to 30 s, decodes without them, and its text streams token by token).
-        long_form = windows is None and len(samples) > WINDOW_SAMPLES
         return PreparedTranscription(params=params, features=features, timestamps=long_form,
                                      window_samples=window_samples,
                                      input_audio_ms=round(len(samples) * 1000 / 16000),
@@ -305,16 +305,19 @@ class WhisperEngine:
         if timed:
             scores[timed] = apply_timestamp_rules(scores[timed], [sampling[i].window_output_ids for i in timed],
                                                   self.timestamps)
-        logprobs = torch.log_softmax(scores, dim=-1)  # of the processed logits, as Whisper's fallback reads them
-        for request, row_scores, row_logprobs in zip(sampling, scores, logprobs):
+        # Of the processed logits, as Whisper's fallback reads them; only the fallback does.
+        fallback = any(r.uses_fallback for r in sampling)
+        logprobs = torch.log_softmax(scores, dim=-1) if fallback else None
+        for row, (request, row_scores) in enumerate(zip(sampling, scores)):
             token = self._pick(request, row_scores)
             request.token_ids.append(token)
-            request.sum_logprob += float(row_logprobs[token])
+            if logprobs is not None:
+                request.sum_logprob += float(logprobs[row, token])
             request.total_output_tokens += 1
             if token == self.vocab.eot or len(request.token_ids) >= self.max_model_len:
                 self._end_window(request)
                 touched.append(request)
-            elif len(request.temperatures) == 1 and self._finalize(request):
+            elif not request.uses_fallback and self._finalize(request):
                 touched.append(request)
         return touched
 
@@ -346,19 +349,19 @@ class WhisperEngine:
 
     def _end_window(self, request: TranscriptionRequest) -> None:
         generated = request.window_output_ids
-        attempt = Attempt(generated, self.tokenizer.decode(self._text_ids(generated)), request.sum_logprob)
         temperature = request.temperature  # the last one tried (faster-whisper's prompt reset reads it)
-        if not attempt.acceptable:
-            request.failed_attempts.append(attempt)
-            if len(request.failed_attempts) < len(request.temperatures):
-                # The same window again, hotter: its cross K/V and its prompt's K/V stay;
-                # the prompt's last token is computed again for the first output's logits.
-                request.sum_logprob = 0.0
-                del request.token_ids[request.num_prompt_tokens:]
-                request.num_computed_tokens = request.num_prompt_tokens - 1
-                return
-            attempt = best_attempt(request.failed_attempts)
-        generated = attempt.token_ids
+        if request.uses_fallback:  # the fallback judges the try
+            attempt = Attempt(generated, self.tokenizer.decode(self._text_ids(generated)), request.sum_logprob)
+            if not attempt.acceptable:
+                request.failed_attempts.append(attempt)
+                if len(request.failed_attempts) < len(request.temperatures):
+                    # The same window again, hotter: its cross K/V and its prompt's K/V stay;
+                    # the prompt's last token is computed again for the first output's logits.
+                    request.sum_logprob = 0.0
+                    del request.token_ids[request.num_prompt_tokens:]
+                    request.num_computed_tokens = request.num_prompt_tokens - 1
+                    return
+                generated = best_attempt(request.failed_attempts).token_ids
         output = generated[:-1] if generated[-1] == self.vocab.eot else generated
         text_ids = self._text_ids(output)
         block_frames = request.prepared.features[request.block].shape[1]
