@@ -9,6 +9,12 @@ the two alternate (offline, served, offline, ...) for `--rounds` rounds, so a dr
 shared machine lands on both, and the served/offline ratio is the median of the rounds'
 own ratios. The issue's bar: served within 10% of offline (ratio >= 0.90).
 
+Each round also says where the CPU went, in cores busy over the round: the offline
+engine's; during the served round, the server's event loop (its main thread), the rest
+of the server (the engine thread, OpenMP workers, the tokenizer pool), and the load
+generator (this script's thread). On a 2-core machine the last two are what the served
+side pays that the offline side does not.
+
 `--profile FILE` records the server with py-spy (`--py-spy`, not a dependency of the
 project) during the last served round: only the thread that holds the GIL is sampled
 (`--gil`), per thread, in py-spy's collapsed format, and a summary of where the GIL went
@@ -22,6 +28,7 @@ import asyncio
 import json
 import random
 import signal
+import os
 import statistics
 import subprocess
 import sys
@@ -41,6 +48,13 @@ def fresh_prompts(tokenizer, rng: random.Random, n: int, length: int) -> list[li
 
     return [tokenizer.encode(" ".join(rng.choice(WORDS) for _ in range(2 * length)))[:length]
             for _ in range(n)]
+
+
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """User + system CPU seconds of a process (all its threads) or of one of its threads."""
+    stat = Path(f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat").read_text()
+    fields = stat.rpartition(")")[2].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def gil_summary(collapsed: Path, top: int = 8) -> dict:
@@ -95,7 +109,9 @@ def main() -> None:
     try:
         for round_number in range(1, args.rounds + 1):
             prompts = fresh_prompts(engine.tokenizer, rng, num_prompts, args.input_len)
+            offline_cpu, offline_wall = time.process_time(), time.perf_counter()
             offline = greedy_tokens_per_s(engine, prompts, args.output_len, args.concurrency)
+            offline_cores = (time.process_time() - offline_cpu) / (time.perf_counter() - offline_wall)
             workload.seed = args.seed + round_number  # fresh prompts for the server too
             spy = None
             if args.profile and round_number == args.rounds:
@@ -104,7 +120,16 @@ def main() -> None:
                                         "--output", str(args.profile)],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 time.sleep(1.0)  # attached before the load starts
+            server_cpu, loop_cpu = cpu_seconds(proc.pid), cpu_seconds(proc.pid, proc.pid)
+            client_cpu, served_wall = time.thread_time(), time.perf_counter()
             [summary], _ = asyncio.run(serve.run_benchmark(url, workload, "amity", progress=False))
+            served_wall = time.perf_counter() - served_wall
+            # CPU as cores busy over the served round: the server's event loop (its main
+            # thread), the rest of the server (engine thread, OpenMP workers, tokenizer
+            # pool), and the load generator (this thread).
+            loop_cores = (cpu_seconds(proc.pid, proc.pid) - loop_cpu) / served_wall
+            server_cores = (cpu_seconds(proc.pid) - server_cpu) / served_wall
+            client_cores = (time.thread_time() - client_cpu) / served_wall
             if spy:
                 spy.send_signal(signal.SIGINT)
                 spy.wait(timeout=60)
@@ -114,7 +139,10 @@ def main() -> None:
                    "served_tok_s": round(summary["output_tok_s"], 1),
                    "served_over_offline": round(summary["output_tok_s"] / offline, 3),
                    "served_ttft_p50_ms": round(summary["ttft_ms"]["p50"], 1),
-                   "served_itl_p50_ms": round(summary["itl_ms"]["p50"], 2)}
+                   "served_itl_p50_ms": round(summary["itl_ms"]["p50"], 2),
+                   "offline_cores": round(offline_cores, 2),
+                   "served_engine_cores": round(server_cores - loop_cores, 2),
+                   "served_loop_cores": round(loop_cores, 2), "client_cores": round(client_cores, 2)}
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
     finally:

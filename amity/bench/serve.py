@@ -21,6 +21,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from amity.bench.sse_client import EventStreamClient
+
 # A-Z common English words: nearly every one is a single token after a space, so a
 # prompt of N of them is close to N tokens before it is fitted exactly.
 WORDS = ("about above across after again against air all also always animal answer any area "
@@ -207,43 +209,48 @@ def request_body(target: Target, prompt: list[int] | str, output_len: int) -> di
     return body
 
 
-async def send(client, target: Target, body: dict, record: RequestRecord, t0: float) -> None:
+async def send(client: EventStreamClient, target: Target, body: dict, record: RequestRecord,
+               t0: float) -> None:
     """Fill `record` from one streamed request; any doubt about its count fails it."""
     expected = body["max_tokens"]
     sent = time.perf_counter()
     record.start_s = sent - t0
     last = None
     streamed, usage, done = 0, None, False
+
+    def on_line(line: bytes) -> None:  # each line as it is read, timed then
+        nonlocal last, streamed, usage, done
+        if done or record.error or not line.startswith(b"data:"):
+            return
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            done = True
+            return
+        chunk = json.loads(data)
+        if chunk.get("error"):
+            record.error = f"error chunk: {str(chunk['error'])[:120]}"
+            return
+        usage = chunk.get("usage") or usage  # vLLM sends `usage: null` on every chunk
+        for choice in chunk.get("choices") or []:
+            if not choice.get("text") and choice.get("token") is None:
+                continue  # e.g. the closing chunk that only carries finish_reason
+            now = time.perf_counter()
+            if last is None:
+                record.ttft_s = now - sent
+            else:
+                record.itl_s.append(now - last)
+            last = now
+            streamed += choice.get("token") is not None
+
     try:
-        async with client.stream("POST", target.url + "/v1/completions", json=body) as reply:
-            if reply.status_code != 200:
-                text = (await reply.aread()).decode(errors="replace")
-                record.error = f"HTTP {reply.status_code}: {text[:120]}"
-                return
-            async for line in reply.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    done = True
-                    break
-                chunk = json.loads(data)
-                if chunk.get("error"):
-                    record.error = f"error chunk: {str(chunk['error'])[:120]}"
-                    return
-                usage = chunk.get("usage") or usage  # vLLM sends `usage: null` on every chunk
-                for choice in chunk.get("choices") or []:
-                    if not choice.get("text") and choice.get("token") is None:
-                        continue  # e.g. the closing chunk that only carries finish_reason
-                    now = time.perf_counter()
-                    if last is None:
-                        record.ttft_s = now - sent
-                    else:
-                        record.itl_s.append(now - last)
-                    last = now
-                    streamed += choice.get("token") is not None
+        status, text = await client.post_lines("/v1/completions", body, on_line)
     except Exception as error:  # noqa: BLE001 - a dropped connection is a failed request
         record.error = f"{type(error).__name__}: {error}"[:160]
+        return
+    if status != 200:
+        record.error = f"HTTP {status}: {text.decode(errors='replace')[:120]}"
+        return
+    if record.error:
         return
     record.e2e_s = time.perf_counter() - sent
     if usage:
@@ -265,7 +272,7 @@ async def send(client, target: Target, body: dict, record: RequestRecord, t0: fl
 
 # ------------------------------------------------------------------ one level
 
-async def run_level(client, target: Target, prompts: list, workload: Workload,
+async def run_level(client: EventStreamClient, target: Target, prompts: list, workload: Workload,
                     concurrency: int | None, rng: random.Random,
                     progress: bool) -> tuple[list[RequestRecord], float]:
     from tqdm import tqdm
@@ -343,7 +350,8 @@ async def run_benchmark(url: str, workload: Workload, system: str = "server",
     import httpx
 
     rng = random.Random(workload.seed)
-    # trust_env=False: a proxy from the environment must not sit between us and localhost.
+    # httpx finds out the server and fits the prompts; the measured streams go through
+    # the lean client. trust_env=False: a proxy from the environment must not sit between us and localhost.
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0), trust_env=False,
                                  limits=httpx.Limits(max_connections=None,
                                                      max_keepalive_connections=None)) as client:
@@ -353,21 +361,26 @@ async def run_benchmark(url: str, workload: Workload, system: str = "server",
             else ", about 1 token per word (no tokenize endpoint)")
         print(f"{system}: {target.url} model={target.model} prompts as {how}", file=sys.stderr)
         [warm] = await build_prompts(client, target, 1, workload.input_len, rng)
-        warm_up = RequestRecord(None, 0.0)  # not counted
-        await send(client, target, request_body(target, warm, workload.output_len), warm_up,
-                   time.perf_counter())
-        # A server that streams nothing is not measured; one that streams the wrong count
-        # is, so that its failures show in the results.
-        if warm_up.ttft_s is None:
-            raise RuntimeError(f"{system} at {target.url}: the warm-up request failed: "
-                               f"{warm_up.error}")
-        summaries, all_records = [], []
-        for c in workload.levels():
-            prompts = await build_prompts(client, target, workload.prompts_for(c),
-                                          workload.input_len, rng)
-            records, duration = await run_level(client, target, prompts, workload, c, rng, progress)
-            summaries.append(summarize(records, duration, c, workload, system))
-            all_records += records
+        streams = EventStreamClient(target.url)
+        try:
+            warm_up = RequestRecord(None, 0.0)  # not counted
+            await send(streams, target, request_body(target, warm, workload.output_len), warm_up,
+                       time.perf_counter())
+            # A server that streams nothing is not measured; one that streams the wrong count
+            # is, so that its failures show in the results.
+            if warm_up.ttft_s is None:
+                raise RuntimeError(f"{system} at {target.url}: the warm-up request failed: "
+                                   f"{warm_up.error}")
+            summaries, all_records = [], []
+            for c in workload.levels():
+                prompts = await build_prompts(client, target, workload.prompts_for(c),
+                                              workload.input_len, rng)
+                records, duration = await run_level(streams, target, prompts, workload, c, rng,
+                                                    progress)
+                summaries.append(summarize(records, duration, c, workload, system))
+                all_records += records
+        finally:
+            streams.close()
     return summaries, all_records
 
 
