@@ -33,7 +33,7 @@ from amity.engine.request import Request, RequestStatus, ValidatedRequest
 from amity.engine.sampler import Sampler, SamplingRow
 from amity.engine.sampling_params import SamplingParams
 from amity.engine.scheduler import Scheduler
-from amity.engine.token_history import TokenHistory
+from amity.engine.token_history import TokenHistory, uses_history
 from amity.engine import structured_output
 from amity.engine.model_runner import ModelRunner
 from amity.engine.background_compile import BackgroundCompile, CompileState
@@ -538,7 +538,9 @@ class LLMEngine:
         constrained = [k for k, r in enumerate(requests) if r.grammar is not None]
         if constrained:
             structured_output.apply_bitmasks(logits, constrained, [requests[k].grammar for k in constrained])
-        out = self.sampler(logits, [self._row(r, r.all_token_ids, self.runner.batch.history(r)) for r in requests])
+        batch = self.runner.batch  # a kept history only for rows whose parameters read one
+        out = self.sampler(logits, [self._row(r, r.all_token_ids, batch.history(r) if uses_history(r.params) else None)
+                                    for r in requests])
         for request, token in zip(requests, out.token_ids):
             if request.grammar is not None and not request.grammar.accept(token):
                 logger.error("request %s: the grammar refused sampled token %d", request.request_id, token)

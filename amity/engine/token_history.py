@@ -11,8 +11,8 @@ every step (vLLM v1 keeps its rows' token ids across steps in the same spirit):
 A history mirrors a request's `all_token_ids`, which only ever grows: `extend`
 reads only the tokens appended since its last call, so a decode step costs a few
 numpy operations over the distinct tokens instead of a Python pass over the whole
-history. The persistent input batch keeps one per row and drops it when the row
-changes hands (input_batch.py); the sampler builds a throwaway one for a row that
+history. The persistent input batch keeps one per row whose parameters read it and
+drops it when the row changes hands (input_batch.py); the sampler builds a throwaway one for a row that
 brings none (scoring, tests), so both count through the same code. A throwaway
 one indexes no n-grams: for one step, one scan of the history is cheaper.
 """
