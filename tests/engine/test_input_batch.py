@@ -34,7 +34,7 @@ class CheckedSim(Sim):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         batch = InputBatch(self.sched.max_num_seqs, max_model_len=128, block_size=BS)
-        self.runner = ModelRunner(None, [], BS, torch.device("cpu"), torch.float32, batch)
+        self.runner = ModelRunner(None, torch.empty(0), BS, torch.device("cpu"), torch.float32, batch)
         self.steps_checked = 0
 
     def check(self, plan: SchedulerOutput) -> None:
