@@ -271,3 +271,29 @@ def test_a_malformed_answer_is_an_error(tmp_path, new_loop):
             await client.aclose()
 
     run(new_loop, scenario)
+
+
+@LOOPS
+def test_a_slow_reader_pauses_the_socket_and_gets_the_whole_body(tmp_path, new_loop):
+    piece = bytes(range(256)) * 256  # 64 KiB
+
+    async def script(server, reader, writer):
+        await server.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for _ in range(32):  # 2 MiB
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await reader.read()
+
+    async def scenario():
+        server, listening, client = await on_unix(tmp_path, script)
+        async with listening:
+            answer = await client.request("GET", URL, [], b"")
+            await asyncio.sleep(0.3)  # the replica writes on; the client reads nothing
+            assert not answer._connection.transport.is_reading()  # past 256 KiB held
+            assert await answer.read() == piece * 32
+            await answer.aclose()
+            await client.aclose()
+
+    run(new_loop, scenario)

@@ -71,7 +71,7 @@ class _Connection(asyncio.Protocol):
         self.status, self.headers = 0, []
         self._head: asyncio.Future | None = None
         self._pieces: list[bytes] = []
-        self._buffered = 0
+        self._buffered, self._reading_paused = 0, False
         self._complete = self._keep_alive = False
         self._error: ReplicaHttpError | None = None
         self._wakeup: asyncio.Future | None = None
@@ -81,7 +81,7 @@ class _Connection(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        if self._head is None:  # nothing asked: an idle connection has nothing to say
+        if self._head is None or self._complete:  # an idle connection has nothing to say
             self._fail(ReplicaHttpError(f"the replica sent {data[:80]!r} unasked"))
             return
         try:
@@ -117,7 +117,8 @@ class _Connection(asyncio.Protocol):
     def on_body(self, piece: bytes) -> None:
         self._pieces.append(piece)
         self._buffered += len(piece)
-        if self._buffered > _PAUSE_READING_BYTES:
+        if self._buffered > _PAUSE_READING_BYTES and not self._reading_paused:
+            self._reading_paused = True
             self.transport.pause_reading()
         self._wake()
 
@@ -174,7 +175,8 @@ class _Connection(asyncio.Protocol):
         while True:
             if self._pieces:
                 pieces, self._pieces, self._buffered = self._pieces, [], 0
-                if not self.closed:
+                if self._reading_paused and not self.closed:
+                    self._reading_paused = False
                     self.transport.resume_reading()
                 for piece in pieces:
                     yield piece
