@@ -166,7 +166,7 @@ def test_closing_an_answer_early_closes_its_connection(tmp_path, new_loop):
     async def scenario():
         nonlocal saw_end
         saw_end = asyncio.Event()
-        server, listening, client = await on_unix(tmp_path, script)
+        _server, listening, client = await on_unix(tmp_path, script)
         async with listening:
             answer = await client.request("POST", URL, HEADERS, b"{}")
             assert await anext(aiter(answer)) == b"a"
@@ -262,7 +262,7 @@ def test_a_malformed_answer_is_an_error(tmp_path, new_loop):
         await reader.read()
 
     async def scenario():
-        server, listening, client = await on_unix(tmp_path, script)
+        _server, listening, client = await on_unix(tmp_path, script)
         async with listening:
             answer = await client.request("GET", URL, [], b"")
             with pytest.raises(ReplicaHttpError, match="malformed"):
@@ -287,7 +287,7 @@ def test_a_slow_reader_pauses_the_socket_and_gets_the_whole_body(tmp_path, new_l
         await reader.read()
 
     async def scenario():
-        server, listening, client = await on_unix(tmp_path, script)
+        _server, listening, client = await on_unix(tmp_path, script)
         async with listening:
             answer = await client.request("GET", URL, [], b"")
             await asyncio.sleep(0.3)  # the replica writes on; the client reads nothing

@@ -205,7 +205,7 @@ class ReplicaHttp:
         `headers` and `body` (bytes: sent with its length; a stream: chunked unless
         `headers` give a length); returns once the answer's head has arrived."""
         _, _, rest = url.partition("://")
-        netloc, slash, target = rest.partition("/")
+        netloc, _, target = rest.partition("/")
         chunked = not isinstance(body, bytes) and not any(k == b"content-length" for k, _ in headers)
         framing = (b"content-length: %d\r\n" % len(body) if isinstance(body, bytes)
                    else b"transfer-encoding: chunked\r\n" if chunked else b"")
