@@ -78,8 +78,11 @@ async def level(url: str, body: dict, headers: dict, concurrency: int, requests:
     finally:
         client.close()
     elapsed = time.perf_counter() - started
+    ttfts_ms = sorted(1000 * r[0] for r in results)
     return {"tokens_per_s": sum(r[1] for r in results) / elapsed,
-            "ttft_ms_median": 1000 * statistics.median(r[0] for r in results)}
+            "ttft_ms_median": statistics.median(ttfts_ms),
+            # the spread: whether a wave's requests start in one engine step or several
+            "ttft_ms_min_max": [ttfts_ms[0], ttfts_ms[-1]]}
 
 
 def cpu_s(pid: int) -> float:

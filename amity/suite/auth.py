@@ -89,11 +89,8 @@ async def caller(
     team_id = None if x_friendli_team in (None, "", SDK_UNSET_TEAM) else x_friendli_team
     key = (token_sha256(credentials.credentials), team_id)
     known: TtlCache[Caller] = request.app.state.callers
-    who = known.get(key)
-    if who is None:
-        who = await anyio.to_thread.run_sync(_look_up, request.app.state.sessions, *key)
-        known.put(key, who)
-    return who
+    return await known.get_or_load(
+        key, lambda: anyio.to_thread.run_sync(_look_up, request.app.state.sessions, *key))
 
 
 def team_project(session: Session, who: Caller, project_id: str, loc) -> Project:

@@ -41,7 +41,7 @@ async def relay(request: Request, lease: Lease, path: str, body: bytes | AsyncIt
     caller's credentials stay here. A body that goes on unchanged (streamed) keeps
     its length; one rewritten gets a new one."""
     headers = request_headers(request, drop=("authorization", "x-friendli-team", "accept-encoding")) + (
-        [("content-length", request.headers["content-length"])]
+        [(b"content-length", request.headers["content-length"].encode("latin-1"))]
         if not isinstance(body, bytes) and "content-length" in request.headers else [])
     return await forward(lease.client, lease.url + path, request, body,
                          lease.release, headers, rewrite)

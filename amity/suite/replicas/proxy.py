@@ -1,15 +1,13 @@
 """Forwarding one request to a replica and its answer back, streamed both ways.
 
-The answer's bytes go out as they arrive (httpcore's body chunks: no decoding, no
-buffering), with the replica's status and headers. The exchange speaks to the
-client's httpcore connection pool directly: httpx's request building and its three
-stream layers per relayed chunk were CPU the relay does not need (benchmarks/README.md,
-"Router"). While it streams, a disconnect of the client
-is watched for; it closes the connection to the replica, which aborts the request
-there. A replica that dies mid-answer ends a stream with an `error` event (the
-container's own shape) and any other body where it broke: never a hang. An answer
-that the Suite reshapes (`rewrite`: the dedicated image operations) is read whole
-when it is a 200, rewritten, and sent with its new length.
+The answer's bytes go out as they arrive (the body's pieces as the relay's client,
+replica_http.py, parses them: no decoding, no buffering), with the replica's status and
+headers. While it streams, a disconnect of the client is watched for; it closes the
+connection to the replica, which aborts the request there. A replica that dies
+mid-answer ends a stream with an `error` event (the container's own shape) and any
+other body where it broke: never a hang. An answer that the Suite reshapes (`rewrite`:
+the dedicated image operations) is read whole when it is a 200, rewritten, and sent
+with its new length.
 """
 
 import json
@@ -18,31 +16,29 @@ import urllib.parse
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 
 import anyio
-import httpcore
 import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from amity.suite.replicas.unix_streams import UnixStreams
+from amity.suite.replicas.replica_http import Answer, ReplicaHttp, ReplicaHttpError
 
 log = logging.getLogger("amity.suite.replicas")
 # httpx logs every request at INFO: the health probes alone would flood the Suite's log.
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
-# httpcore's errors for an exchange the replica failed (httpx maps the same ones).
-REPLICA_ERRORS = (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError)
-# The relay's timeouts: no read timeout (a long generation is not an error; a dead
-# replica breaks the connection).
-_TIMEOUTS = {"timeout": {"connect": 10.0, "read": None, "write": None, "pool": None}}
-
-# Hop-by-hop headers (RFC 9110 7.6.1) and the ones the relay sets itself.
-_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-        "transfer-encoding", "upgrade", "host", "content-length"}
+# Hop-by-hop headers (RFC 9110 7.6.1), the ones the relay sets itself, and `expect`
+# (the Suite's server answered the client's 100-continue; the relay sends the body
+# whole or streams it without waiting for one).
+_HOP = {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
+        b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length", b"expect"}
 
 
-def request_headers(request: Request, drop: tuple[str, ...] = ()) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in request.headers.items() if k not in _HOP and k not in drop]
+def request_headers(request: Request, drop: tuple[str, ...] = ()) -> list[tuple[bytes, bytes]]:
+    """The client's headers to pass on, as it sent them (the server gives their names
+    lower-cased), but the hop-by-hop ones and `drop`."""
+    dropped = _HOP.union(name.encode("latin-1") for name in drop)
+    return [(k, v) for k, v in request.scope["headers"] if k not in dropped]
 
 
 def replica_unreachable(error: Exception) -> JSONResponse:
@@ -54,15 +50,14 @@ def replica_unreachable(error: Exception) -> JSONResponse:
 class Upstream(Response):
     """The replica's answer, relayed."""
 
-    def __init__(self, answer: httpcore.Response, on_close: Callable[[], None],
+    def __init__(self, answer: Answer, on_close: Callable[[], None],
                  rewrite: Callable[[bytes], bytes] | None = None):
         self.answer, self.on_close = answer, on_close
         self.status_code = answer.status
         self.rewrite = rewrite if answer.status == 200 else None
         self.background = None
-        kept = _HOP if self.rewrite else _HOP - {"content-length"}
-        self.raw_headers = [(k.lower(), v) for k, v in answer.headers
-                            if k.decode("latin-1").lower() not in kept]
+        dropped = _HOP if self.rewrite else _HOP - {b"content-length"}
+        self.raw_headers = [(k, v) for k, v in answer.headers if k not in dropped]
         self.is_event_stream = any(k == b"content-type" and v.startswith(b"text/event-stream")
                                    for k, v in self.raw_headers)
 
@@ -92,9 +87,9 @@ class Upstream(Response):
         await send({"type": "http.response.start", "status": self.status_code,
                     "headers": self.raw_headers})
         try:
-            async for chunk in self.answer.stream:
+            async for chunk in self.answer:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except REPLICA_ERRORS as error:
+        except ReplicaHttpError as error:
             log.warning("a replica's answer broke off: %r", error)
             if self.is_event_stream:
                 event = {"error": {"message": f"the replica failed: {error!r}",
@@ -105,9 +100,9 @@ class Upstream(Response):
 
     async def _relay_rewritten(self, send: Send) -> None:
         try:
-            status, body = self.status_code, self.rewrite(await self.answer.aread())
+            status, body = self.status_code, self.rewrite(await self.answer.read())
             headers = self.raw_headers + [(b"content-length", str(len(body)).encode())]
-        except REPLICA_ERRORS as error:
+        except ReplicaHttpError as error:
             log.warning("a replica's answer broke off: %r", error)
             failed = replica_unreachable(error)
             status, body, headers = failed.status_code, failed.body, failed.raw_headers
@@ -129,32 +124,20 @@ async def _disconnect(request: Request, body_sent: anyio.Event) -> None:
         pass
 
 
-def _outgoing(url: str, request: Request, headers: list[tuple[str, str]],
-              body: bytes | AsyncIterable[bytes]) -> httpcore.Request:
-    """The request to the replica, framed as httpx would: a Host, and a body of known
-    length or a chunked one. `url`'s path comes decoded (a path parameter): it is
-    percent-encoded again; the client's query goes on as it came."""
+def _replica_url(url: str, request: Request) -> str:
+    """`url` with its path percent-encoded again (it comes decoded: a path parameter)
+    and the client's query as it came."""
     scheme, _, rest = url.partition("://")
     netloc, _, path = rest.partition("/")  # not urlsplit: a decoded path may hold a "?"
-    origin = urllib.parse.urlsplit(f"{scheme}://{netloc}")
-    target = urllib.parse.quote("/" + path, safe="/:@!$&'()*+,;=").encode("ascii")
+    target = urllib.parse.quote("/" + path, safe="/:@!$&'()*+,;=")
     if query := request.scope["query_string"]:
-        target += b"?" + query
-    framing = ([("content-length", str(len(body)))] if isinstance(body, bytes)
-               else [] if any(k == "content-length" for k, _ in headers)
-               else [("transfer-encoding", "chunked")])
-    return httpcore.Request(
-        request.method, httpcore.URL(scheme=scheme, host=origin.hostname, port=origin.port,
-                                     target=target),
-        # latin-1: the header bytes as the client sent them (starlette decoded them so).
-        headers=[(k.encode("latin-1"), v.encode("latin-1"))
-                 for k, v in [("host", netloc)] + headers + framing],
-        content=body, extensions=_TIMEOUTS)
+        target += "?" + query.decode("latin-1")
+    return f"{scheme}://{netloc}{target}"
 
 
 async def forward(client: "ReplicaClient", url: str, request: Request,
                   body: bytes | AsyncIterable[bytes], on_close: Callable[[], None],
-                  headers: list[tuple[str, str]] | None = None,
+                  headers: list[tuple[bytes, bytes]] | None = None,
                   rewrite: Callable[[bytes], bytes] | None = None) -> Response:
     """Send `request` (with `body`) to `url` and relay the answer (a 200 through
     `rewrite` when given). `on_close` runs once, whatever happens, when the exchange
@@ -166,17 +149,17 @@ async def forward(client: "ReplicaClient", url: str, request: Request,
         body_sent.set()
     else:
         body = _sent_then_set(body, body_sent)
-    outgoing = _outgoing(url, request, headers if headers is not None else request_headers(request),
-                         body)
-    answer: httpcore.Response | Response | None = None
+    target = _replica_url(url, request)
+    headers = headers if headers is not None else request_headers(request)
+    answer: Answer | Response | None = None
     failure: Exception | None = None  # raised out here: a task group would wrap it
     try:
         async with anyio.create_task_group() as group:
             async def send() -> None:
                 nonlocal answer, failure
                 try:
-                    answer = await client.pool.handle_async_request(outgoing)
-                except REPLICA_ERRORS as error:
+                    answer = await client.relay.request(request.method, target, headers, body)
+                except ReplicaHttpError as error:
                     answer = replica_unreachable(error)
                 except Exception as error:  # noqa: BLE001 - e.g. the client's body broke off
                     failure = error
@@ -189,12 +172,12 @@ async def forward(client: "ReplicaClient", url: str, request: Request,
             group.start_soon(send)
             group.start_soon(watch_disconnect)
     except BaseException:
-        if isinstance(answer, httpcore.Response):
+        if isinstance(answer, Answer):
             with anyio.CancelScope(shield=True):
                 await answer.aclose()
         on_close()
         raise
-    if isinstance(answer, httpcore.Response):
+    if isinstance(answer, Answer):
         return Upstream(answer, on_close, rewrite)
     on_close()
     if failure is not None:
@@ -204,28 +187,25 @@ async def forward(client: "ReplicaClient", url: str, request: Request,
 
 
 class ReplicaClient(httpx.AsyncClient):
-    """httpx for the health probes and one-off calls, and `pool`, the httpcore
-    connection pool under it, for the relay."""
+    """httpx for the health probes and one-off calls, and `relay`, the relay's own
+    connections (replica_http.py)."""
 
-    def __init__(self, pool: httpcore.AsyncConnectionPool):
+    def __init__(self, uds: str | None = None):
+        self.relay = ReplicaHttp(uds)
         # verify=False: replicas speak plain HTTP, and loading the CA bundle for
-        # nothing costs a tenth of a second of CPU per replica started.
-        transport = httpx.AsyncHTTPTransport(verify=False)
-        # httpx takes no pool from its caller: this one replaces the transport's. Were
-        # httpx to rename `_pool`, its calls would go over TCP to the URL; the relay's
-        # would not notice.
-        transport._pool = self.pool = pool
-        # No proxies from the environment: replicas are on loopback. No read timeout:
-        # a long generation is not an error; a dead replica breaks the connection.
-        super().__init__(transport=transport, trust_env=False,
+        # nothing costs a tenth of a second of CPU per replica started. No proxies
+        # from the environment: replicas are on loopback. No read timeout: a long
+        # generation is not an error; a dead replica breaks the connection.
+        super().__init__(transport=httpx.AsyncHTTPTransport(uds=uds, verify=False), trust_env=False,
                          timeout=httpx.Timeout(None, connect=10.0))
+
+    async def aclose(self) -> None:
+        await self.relay.aclose()
+        await super().aclose()
 
 
 def new_client(uds: str | None = None) -> ReplicaClient:
     """A client for replicas, which connects to the Unix socket `uds` when given (the
     URL then only names the replica): on one machine, a Unix socket spares both sides
-    the kernel's TCP work for every chunk; it is read on asyncio's streams
-    (unix_streams.py)."""
-    unix = {"uds": uds, "network_backend": UnixStreams()} if uds is not None else {}
-    return ReplicaClient(httpcore.AsyncConnectionPool(
-        max_connections=None, max_keepalive_connections=64, keepalive_expiry=5.0, **unix))
+    the kernel's TCP work for every chunk."""
+    return ReplicaClient(uds)
