@@ -25,11 +25,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 
-from amity.bench.sse_client import EventStreamClient
+from amity.http_client import HttpClient
 
 TOKEN = "amity_bench_token"
 REPO = Path(__file__).resolve().parents[1]
@@ -43,40 +42,45 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-async def one(client: EventStreamClient, path: str, body: dict) -> tuple[float, int, float]:
+async def one(client: HttpClient, url: str, body: bytes, headers: list) -> tuple[float, int, float]:
     """(TTFT s, tokens, seconds) of one streamed completion."""
     start = time.perf_counter()
     first, tokens = None, 0
-
-    def on_line(line: bytes) -> None:
-        nonlocal first, tokens
-        if line.startswith(b"data: ") and line != b"data: [DONE]" and b'"token"' in line:
-            first = first or time.perf_counter()
-            tokens += 1
-
-    status, text = await client.post_lines(path, body, on_line)
-    if status != 200:
-        raise RuntimeError(f"HTTP {status}: {text[:200]!r}")
+    answer = await client.request("POST", url, headers, body)
+    try:
+        if answer.status != 200:
+            raise RuntimeError(f"HTTP {answer.status}: {(await answer.read())[:200]!r}")
+        partial = b""
+        async for piece in answer:  # token chunks: one `data:` line each, counted as read
+            *lines, partial = (partial + piece).split(b"\n")
+            n = sum(line.startswith(b"data: {") and b'"token"' in line for line in lines)
+            if n:
+                first = first or time.perf_counter()
+                tokens += n
+    finally:
+        await answer.aclose()
     return first - start, tokens, time.perf_counter() - start
 
 
 async def level(url: str, body: dict, headers: dict, concurrency: int, requests: int) -> dict:
-    """`url`'s streams on the load generator's lean client (amity/bench/sse_client.py):
-    on 2 cores its CPU per chunk is taken from the replica and the Suite."""
-    parts = urlsplit(url)
+    """`url`'s streams on amity's lean HTTP/1.1 client (amity/http_client.py, the load
+    generator's): on 2 cores its CPU per chunk is taken from the replica and the Suite."""
     queue = list(range(requests))
     results = []
-    client = EventStreamClient(f"{parts.scheme}://{parts.netloc}", headers=headers)
+    client = HttpClient()
+    raw_headers = [(b"content-type", b"application/json"),
+                   *((k.lower().encode(), v.encode()) for k, v in headers.items())]
+    payload = json.dumps(body).encode()
 
     async def worker():
         while queue:
             queue.pop()
-            results.append(await one(client, parts.path, body))
+            results.append(await one(client, url, payload, raw_headers))
     started = time.perf_counter()
     try:
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     finally:
-        client.close()
+        await client.aclose()
     elapsed = time.perf_counter() - started
     ttfts_ms = sorted(1000 * r[0] for r in results)
     return {"tokens_per_s": sum(r[1] for r in results) / elapsed,

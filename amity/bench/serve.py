@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from amity.bench.sse_client import EventStreamClient
+from amity.http_client import HttpClient
 
 # A-Z common English words: nearly every one is a single token after a space, so a
 # prompt of N of them is close to N tokens before it is fitted exactly.
@@ -196,6 +196,10 @@ async def build_prompts(client, target: Target, n: int, length: int,
 
 # ------------------------------------------------------------------ one request
 
+_JSON = [(b"content-type", b"application/json"), (b"accept", b"*/*")]
+REQUEST_TIMEOUT_S = 600.0  # a server that stops answering fails its request, not the run
+
+
 def request_body(target: Target, prompt: list[int] | str, output_len: int) -> dict:
     body = {
         "stream": True, "stream_options": {"include_usage": True},
@@ -209,7 +213,28 @@ def request_body(target: Target, prompt: list[int] | str, output_len: int) -> di
     return body
 
 
-async def send(client: EventStreamClient, target: Target, body: dict, record: RequestRecord,
+async def _stream_lines(client: HttpClient, url: str, body: dict, record: RequestRecord,
+                        on_line) -> None:
+    """POST `body`; `on_line(line)` for each line of a 200's body as soon as it is read.
+    Any other status, or an error chunk (`on_line` sets `record.error`), ends it there."""
+    answer = await client.request("POST", url, _JSON, json.dumps(body).encode())
+    try:
+        if answer.status != 200:
+            text = (await answer.read()).decode(errors="replace")
+            record.error = f"HTTP {answer.status}: {text[:120]}"
+            return
+        partial = b""
+        async for piece in answer:
+            *lines, partial = (partial + piece).split(b"\n")
+            for line in lines:
+                on_line(line.removesuffix(b"\r"))
+            if record.error:
+                return  # the rest is not read: closing the answer drops its connection
+    finally:
+        await answer.aclose()
+
+
+async def send(client: HttpClient, target: Target, body: dict, record: RequestRecord,
                t0: float) -> None:
     """Fill `record` from one streamed request; any doubt about its count fails it."""
     expected = body["max_tokens"]
@@ -243,12 +268,10 @@ async def send(client: EventStreamClient, target: Target, body: dict, record: Re
             streamed += choice.get("token") is not None
 
     try:
-        status, text = await client.post_lines("/v1/completions", body, on_line)
+        async with asyncio.timeout(REQUEST_TIMEOUT_S):
+            await _stream_lines(client, target.url + "/v1/completions", body, record, on_line)
     except Exception as error:  # noqa: BLE001 - a dropped connection is a failed request
         record.error = f"{type(error).__name__}: {error}"[:160]
-        return
-    if status != 200:
-        record.error = f"HTTP {status}: {text.decode(errors='replace')[:120]}"
         return
     if record.error:
         return
@@ -272,7 +295,7 @@ async def send(client: EventStreamClient, target: Target, body: dict, record: Re
 
 # ------------------------------------------------------------------ one level
 
-async def run_level(client: EventStreamClient, target: Target, prompts: list, workload: Workload,
+async def run_level(client: HttpClient, target: Target, prompts: list, workload: Workload,
                     concurrency: int | None, rng: random.Random,
                     progress: bool) -> tuple[list[RequestRecord], float]:
     from tqdm import tqdm
@@ -361,7 +384,7 @@ async def run_benchmark(url: str, workload: Workload, system: str = "server",
             else ", about 1 token per word (no tokenize endpoint)")
         print(f"{system}: {target.url} model={target.model} prompts as {how}", file=sys.stderr)
         [warm] = await build_prompts(client, target, 1, workload.input_len, rng)
-        streams = EventStreamClient(target.url)
+        streams = HttpClient()
         try:
             warm_up = RequestRecord(None, 0.0)  # not counted
             await send(streams, target, request_body(target, warm, workload.output_len), warm_up,
@@ -380,7 +403,7 @@ async def run_benchmark(url: str, workload: Workload, system: str = "server",
                 summaries.append(summarize(records, duration, c, workload, system))
                 all_records += records
         finally:
-            streams.close()
+            await streams.aclose()
     return summaries, all_records
 
 

@@ -105,3 +105,35 @@ def test_poisson_mode_sends_the_requested_number_at_the_rate(start_server):
     assert starts == sorted(starts) and len(set(starts)) == n
     # Open loop: requests overlap, unlike a closed loop of 1.
     assert paced.max_in_flight > 1
+
+
+def test_a_stream_cut_into_3_byte_reads_is_read_line_by_line():
+    frames = [{"choices": [{"index": 0, "text": f" w{k}", "token": k}]} for k in range(2)]
+    frames += [{"choices": [{"index": 0, "text": "", "finish_reason": "length"}]},
+               {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}]
+    sse = b"".join(b"data: %s\r\n\r\n" % json.dumps(f).encode() for f in frames) + b"data: [DONE]\n\n"
+    raw = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+           + b"%x\r\n%s\r\n0\r\n\r\n" % (len(sse), sse))
+
+    async def go():
+        async def handle(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            for i in range(0, len(raw), 3):  # chunk sizes, lines and JSON split mid-way
+                writer.write(raw[i:i + 3])
+                await writer.drain()
+                await asyncio.sleep(0.001)
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = serve.HttpClient()
+        record = serve.RequestRecord(1, 0.0)
+        target = serve.Target(f"http://127.0.0.1:{port}", "m", None, True)
+        await serve.send(client, target, {"max_tokens": 2}, record, 0.0)
+        await client.aclose()
+        server.close()
+        return record
+
+    record = asyncio.run(go())
+    assert record.ok, record.error
+    assert (record.prompt_tokens, record.completion_tokens, len(record.itl_s)) == (3, 2, 1)

@@ -1,7 +1,7 @@
 """Forwarding one request to a replica and its answer back, streamed both ways.
 
 The answer's bytes go out as they arrive (the body's pieces as the relay's client,
-replica_http.py, parses them: no decoding, no buffering), with the replica's status and
+amity/http_client.py, parses them: no decoding, no buffering), with the replica's status and
 headers. While it streams, a disconnect of the client is watched for; it closes the
 connection to the replica, which aborts the request there. A replica that dies
 mid-answer ends a stream with an `error` event (the container's own shape) and any
@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from amity.suite.replicas.replica_http import Answer, ReplicaHttp, ReplicaHttpError
+from amity.http_client import Answer, HttpClient, HttpClientError
 
 log = logging.getLogger("amity.suite.replicas")
 # httpx logs every request at INFO: the health probes alone would flood the Suite's log.
@@ -89,7 +89,7 @@ class Upstream(Response):
         try:
             async for chunk in self.answer:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except ReplicaHttpError as error:
+        except HttpClientError as error:
             log.warning("a replica's answer broke off: %r", error)
             if self.is_event_stream:
                 event = {"error": {"message": f"the replica failed: {error!r}",
@@ -102,7 +102,7 @@ class Upstream(Response):
         try:
             status, body = self.status_code, self.rewrite(await self.answer.read())
             headers = self.raw_headers + [(b"content-length", str(len(body)).encode())]
-        except ReplicaHttpError as error:
+        except HttpClientError as error:
             log.warning("a replica's answer broke off: %r", error)
             failed = replica_unreachable(error)
             status, body, headers = failed.status_code, failed.body, failed.raw_headers
@@ -159,7 +159,7 @@ async def forward(client: "ReplicaClient", url: str, request: Request,
                 nonlocal answer, failure
                 try:
                     answer = await client.relay.request(request.method, target, headers, body)
-                except ReplicaHttpError as error:
+                except HttpClientError as error:
                     answer = replica_unreachable(error)
                 except Exception as error:  # noqa: BLE001 - e.g. the client's body broke off
                     failure = error
@@ -188,10 +188,10 @@ async def forward(client: "ReplicaClient", url: str, request: Request,
 
 class ReplicaClient(httpx.AsyncClient):
     """httpx for the health probes and one-off calls, and `relay`, the relay's own
-    connections (replica_http.py)."""
+    connections (amity/http_client.py)."""
 
     def __init__(self, uds: str | None = None):
-        self.relay = ReplicaHttp(uds)
+        self.relay = HttpClient(uds)
         # verify=False: replicas speak plain HTTP, and loading the CA bundle for
         # nothing costs a tenth of a second of CPU per replica started. No proxies
         # from the environment: replicas are on loopback. No read timeout: a long

@@ -1,20 +1,23 @@
-"""The relay's HTTP/1.1 client: one request to a replica, its answer streamed back.
+"""amity's HTTP/1.1 client for streamed answers: the Suite's relay to its replicas, and
+the load generator of `amity bench` (amity/bench/serve.py). One request at a time per
+connection, the answer's body handed on as it arrives.
 
-httpx/httpcore did this before, at a cost per relayed chunk and per request that the
-router's benchmark showed (benchmarks/README.md, "Router", Session 12): h11's parser, a
-write and a drain for each of the head, the body and the end of the request, the
-connection pool's bookkeeping, half a dozen async-generator layers per chunk. Here a
-connection is an asyncio protocol: what the socket delivers goes straight to httptools'
-response parser (the Suite's server already runs on httptools), whose callbacks queue
-the body's pieces; the request goes out in one write when its body is known. Bodies
-come out as they arrived (a chunk of the replica's chunked body, or the part of it one
-read delivered): never re-chunked or joined.
+Both run where CPU per streamed chunk counts: the relay shares the machine with its
+replicas, the load generator with the server it measures. httpx/httpcore cost more per
+chunk and per request (benchmarks/README.md, "Router", Session 12; "Served against
+offline", Session 12): h11's parser, a write and a drain for each of the head, the body
+and the end of the request, the connection pool's bookkeeping, half a dozen
+async-generator layers per chunk. Here a connection is an asyncio protocol: what the
+socket delivers goes straight to httptools' response parser, whose callbacks queue the
+body's pieces; the request goes out in one write when its body is known. Bodies come
+out as they arrived (a chunk of a chunked body, or the part of it one read delivered):
+never re-chunked or joined.
 
-Connections are kept alive per origin (the replica's Unix socket, or host and port:
-the Ray backend's replicas and serverless overrides) for `keepalive_s`, below the 5 s
-after which `amity serve` (uvicorn) closes an idle one. A connection closed during an
-exchange raises ReplicaHttpError; so does a malformed answer. Closing an answer before
-its end closes its connection: that is how a replica learns that the client left.
+Connections are kept alive per origin (a Unix socket, or host and port) for
+`keepalive_s`, below the 5 s after which `amity serve` (uvicorn) closes an idle one. A
+connection closed during an exchange raises HttpClientError; so does a malformed answer.
+Closing an answer before its end closes its connection: that is how a server (a
+replica) learns that the client left.
 """
 
 import asyncio
@@ -25,19 +28,19 @@ from collections.abc import AsyncIterable, AsyncIterator
 import httptools
 
 # Body pieces buffered before the socket stops being read (the client reads slower
-# than the replica writes): the replica then waits on its own socket's buffers.
+# than the server writes): the server then waits on its own socket's buffers.
 _PAUSE_READING_BYTES = 256 * 1024
 
 
-class ReplicaHttpError(Exception):
-    """The replica could not be reached, broke the connection, or answered malformed."""
+class HttpClientError(Exception):
+    """The server could not be reached, broke the connection, or answered malformed."""
 
 
 class Answer:
-    """A replica's answer: `status`, `headers` (lower-cased names, bytes), and the body,
+    """A server's answer: `status`, `headers` (lower-cased names, bytes), and the body,
     by `async for` or `read()`. `aclose()` when done, read to the end or not."""
 
-    def __init__(self, connection: "_Connection", pool: "ReplicaHttp", key: object):
+    def __init__(self, connection: "_Connection", pool: "HttpClient", key: object):
         self._connection, self._pool, self._key = connection, pool, key
         self.status = connection.status
         self.headers = connection.headers
@@ -73,7 +76,7 @@ class _Connection(asyncio.Protocol):
         self._pieces: list[bytes] = []
         self._buffered, self._reading_paused = 0, False
         self._complete = self._keep_alive = False
-        self._error: ReplicaHttpError | None = None
+        self._error: HttpClientError | None = None
         self._wakeup: asyncio.Future | None = None
 
     # asyncio.Protocol
@@ -82,18 +85,18 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._head is None or self._complete:  # an idle connection has nothing to say
-            self._fail(ReplicaHttpError(f"the replica sent {data[:80]!r} unasked"))
+            self._fail(HttpClientError(f"the server sent {data[:80]!r} unasked"))
             return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as error:
-            self._fail(ReplicaHttpError(f"the replica's answer is malformed: {error}"))
+            self._fail(HttpClientError(f"the answer is malformed: {error}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if not self._complete:
-            self._fail(ReplicaHttpError(f"the replica closed the connection mid-answer ({exc})"
-                                        if self._head is not None else "the replica closed the connection"))
+            self._fail(HttpClientError(f"the server closed the connection mid-answer ({exc})"
+                                        if self._head is not None else "the server closed the connection"))
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
 
@@ -133,7 +136,7 @@ class _Connection(asyncio.Protocol):
         if self._wakeup is not None and not self._wakeup.done():
             self._wakeup.set_result(None)
 
-    def _fail(self, error: ReplicaHttpError) -> None:
+    def _fail(self, error: HttpClientError) -> None:
         if self._error is None and not self._complete:
             self._error = error
         if self._head is not None and not self._head.done():
@@ -151,7 +154,7 @@ class _Connection(asyncio.Protocol):
 
     async def _write(self, data: bytes) -> None:
         if self.closed:
-            raise self._error or ReplicaHttpError("the replica closed the connection")
+            raise self._error or HttpClientError("the server closed the connection")
         self.transport.write(data)
         if self._writable is not None:
             await self._writable
@@ -189,9 +192,9 @@ class _Connection(asyncio.Protocol):
                 await self._wakeup
 
 
-class ReplicaHttp:
-    """Kept-alive connections to replicas: over the Unix socket `uds` when given (the
-    URL then only names the replica), else over TCP to the URL's host and port."""
+class HttpClient:
+    """Kept-alive connections: over the Unix socket `uds` when given (the URL then only
+    names the server: a replica's socket), else over TCP to the URL's host and port."""
 
     def __init__(self, uds: str | None = None, keepalive_s: float = 4.0, max_idle: int = 64,
                  connect_timeout_s: float = 10.0):
@@ -250,7 +253,7 @@ class ReplicaHttp:
                     _, connection = await loop.create_connection(_Connection, origin.hostname,
                                                                  origin.port or 80)
         except (OSError, TimeoutError) as error:
-            raise ReplicaHttpError(f"cannot connect to the replica: {error!r}") from error
+            raise HttpClientError(f"cannot connect: {error!r}") from error
         return connection
 
     async def aclose(self) -> None:

@@ -1,4 +1,4 @@
-"""The relay's HTTP/1.1 client (replicas/replica_http.py) against scripted servers on a
+"""amity/http_client.py (the relay's and the load generator's HTTP/1.1 client) against scripted servers on a
 real Unix socket (and TCP, the Ray backend's way): what the server writes, and where
 it pauses or breaks, is exact. On asyncio's loop and on uvloop (the Suite's)."""
 
@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import uvloop
 
-from amity.suite.replicas.replica_http import ReplicaHttp, ReplicaHttpError
+from amity.http_client import HttpClient, HttpClientError
 
 URL = "http://replica/v1/completions"
 HEADERS = [(b"content-type", b"application/json")]
@@ -44,7 +44,7 @@ class Scripted:
 async def on_unix(tmp_path, script):
     server = Scripted(script)
     path = str(tmp_path / "replica.sock")
-    return server, await asyncio.start_unix_server(server.handle, path), ReplicaHttp(path)
+    return server, await asyncio.start_unix_server(server.handle, path), HttpClient(path)
 
 
 def run(new_loop, scenario):
@@ -139,7 +139,7 @@ def test_a_replica_closing_mid_body_is_an_error_and_the_next_request_gets_a_new_
         async with listening:
             answer = await client.request("GET", URL, [], b"")
             pieces = []
-            with pytest.raises(ReplicaHttpError, match="mid-answer"):
+            with pytest.raises(HttpClientError, match="mid-answer"):
                 async for piece in answer:
                     pieces.append(piece)
             assert pieces == [b"first"]
@@ -239,17 +239,17 @@ def test_tcp_and_a_missing_replica(tmp_path, new_loop):
         server = Scripted(script)
         listening = await asyncio.start_server(server.handle, "127.0.0.1", 0)
         port = listening.sockets[0].getsockname()[1]
-        client = ReplicaHttp()
+        client = HttpClient()
         async with listening:
             answer = await client.request("GET", f"http://127.0.0.1:{port}/health", [], b"")
             assert (answer.status, await answer.read()) == (404, b"nope")
             await answer.aclose()
             assert server.requests[0][0].startswith(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1:")
         await client.aclose()
-        with pytest.raises(ReplicaHttpError, match="cannot connect"):
+        with pytest.raises(HttpClientError, match="cannot connect"):
             await client.request("GET", f"http://127.0.0.1:{port}/health", [], b"")
-        with pytest.raises(ReplicaHttpError, match="cannot connect"):
-            await ReplicaHttp(str(tmp_path / "no.sock")).request("GET", URL, [], b"")
+        with pytest.raises(HttpClientError, match="cannot connect"):
+            await HttpClient(str(tmp_path / "no.sock")).request("GET", URL, [], b"")
 
     run(new_loop, scenario)
 
@@ -265,7 +265,7 @@ def test_a_malformed_answer_is_an_error(tmp_path, new_loop):
         _server, listening, client = await on_unix(tmp_path, script)
         async with listening:
             answer = await client.request("GET", URL, [], b"")
-            with pytest.raises(ReplicaHttpError, match="malformed"):
+            with pytest.raises(HttpClientError, match="malformed"):
                 await answer.read()
             await answer.aclose()
             await client.aclose()
