@@ -150,10 +150,14 @@ async def serve_async(engine_config: EngineConfig, server_config: ServerConfig) 
     server = ApiServer(app, state, server_config.host, server_config.port,
                        server_config.shutdown_timeout)
     unix_socket = _bind_unix_socket(server_config.uds) if server_config.uds else None
-    # Given sockets, uvicorn serves those instead of binding its own: the TCP port
-    # as it would bind it, and the Unix socket.
-    servers = [server.serve([server.config.bind_socket(), unix_socket]) if unix_socket
-               else server.serve()]
+    inherited = socket.socket(fileno=server_config.fd) if server_config.fd is not None else None
+    # Given sockets, uvicorn serves those instead of binding its own: the TCP port (the
+    # inherited socket, or bound as uvicorn would bind it) and the Unix socket.
+    if inherited is None and unix_socket is None:
+        servers = [server.serve()]
+    else:
+        tcp_socket = inherited if inherited is not None else server.config.bind_socket()
+        servers = [server.serve([s for s in (tcp_socket, unix_socket) if s is not None])]
     metrics_server = None
     if server_config.metrics_port:
         metrics_app = Starlette(routes=[Route("/metrics", lambda request: Response(
