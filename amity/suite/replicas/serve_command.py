@@ -34,10 +34,14 @@ def listening_socket(host: str) -> socket.socket:
 
 
 def serve_argv(spec: ReplicaSpec, listener: socket.socket, uds: Path | None = None) -> list[str]:
+    """`--host` and `--port` only say where the inherited socket listens (in `ps`, in
+    the replica's log)."""
+    host, port = listener.getsockname()[:2]
     named = ("--served-model-name", spec.served_name) if spec.served_name else ()
     unix_socket = ("--uds", str(uds)) if uds else ()
     return [sys.executable, "-m", "amity.cli", "serve", "--model", spec.model, *named,
-            "--fd", str(listener.fileno()), *unix_socket, *spec.flags]
+            "--host", host, "--port", str(port), "--fd", str(listener.fileno()), *unix_socket,
+            *spec.flags]
 
 
 def serve_env() -> dict[str, str]:
