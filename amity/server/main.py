@@ -216,8 +216,8 @@ async def serve_async(engine_config: EngineConfig, server_config: ServerConfig) 
     loader.cancel()
     await asyncio.gather(loader, return_exceptions=True)
     load_abandoned = state.engine is None and state.images is None and not failed
-    # The app's lifespan shuts the engine down only if it was attached before start-up.
     compiling = False
+    # The app's lifespan shuts the engine down only if it was attached before start-up.
     if state.engine is not None:
         await state.engine.shutdown()
         compiling = state.engine.stats().get("compile_state") == CompileState.COMPILING
