@@ -110,6 +110,12 @@ class ServerConfig:
               "file there is replaced, and the file is removed at exit). The TCP port is "
               "served as without it."
     )
+    fd: int | None = _opt(
+        None, "Serve the API on this listening TCP socket, inherited from the process that "
+              "started this one, instead of binding --host and --port (as uvicorn's --fd; the "
+              "Suite starts its replicas so: no race for a free port). --port then goes unused; "
+              "--host still places --metrics-port."
+    )
     metrics_port: int | None = _opt(
         None, "Also serve /metrics on this port (Friendli Container uses 8281)."
     )

@@ -5,7 +5,9 @@ engine is ready and 200 after. SIGTERM (or Ctrl-C) stops accepting connections a
 the in-flight requests (streams included) finish for up to `--shutdown-timeout`
 seconds; then the engine shuts down, the requests still running end with an error
 (a stream: an error event), and the process exits. SIGTERM while the model still
-loads (or compiles) exits at once: the loading thread is a daemon, left behind.
+loads (or compiles, in the foreground or the background) exits at once: the thread doing
+it is a daemon, left behind, and the process ends without the interpreter's teardown
+(`_exit_without_teardown`).
 """
 
 import asyncio
@@ -16,7 +18,9 @@ import os
 import signal
 import socket
 import stat
+import sys
 import threading
+from typing import NoReturn
 
 import torch
 import uvicorn
@@ -133,9 +137,12 @@ def _bound_url(server: uvicorn.Server, host: str) -> str:
     return f"http://{host}"
 
 
-async def serve_async(engine_config: EngineConfig, server_config: ServerConfig) -> int:
+async def serve_async(engine_config: EngineConfig, server_config: ServerConfig) -> tuple[int, bool]:
+    """The exit code, and whether a thread was left running torch code (a load or a
+    compile that SIGTERM cut short)."""
     from amity.engine.async_engine import AsyncEngine
     from amity.engine.async_transcription import AsyncTranscriptionEngine
+    from amity.engine.background_compile import CompileState
     from amity.models.packaged_whisper import whisper_model_dir
 
     app = build_app(None, server_config)
@@ -143,10 +150,14 @@ async def serve_async(engine_config: EngineConfig, server_config: ServerConfig) 
     server = ApiServer(app, state, server_config.host, server_config.port,
                        server_config.shutdown_timeout)
     unix_socket = _bind_unix_socket(server_config.uds) if server_config.uds else None
-    # Given sockets, uvicorn serves those instead of binding its own: the TCP port
-    # as it would bind it, and the Unix socket.
-    servers = [server.serve([server.config.bind_socket(), unix_socket]) if unix_socket
-               else server.serve()]
+    inherited = socket.socket(fileno=server_config.fd) if server_config.fd is not None else None
+    # Given sockets, uvicorn serves those instead of binding its own: the TCP port (the
+    # inherited socket, or bound as uvicorn would bind it) and the Unix socket.
+    if inherited is None and unix_socket is None:
+        servers = [server.serve()]
+    else:
+        tcp_socket = inherited if inherited is not None else server.config.bind_socket()
+        servers = [server.serve([s for s in (tcp_socket, unix_socket) if s is not None])]
     metrics_server = None
     if server_config.metrics_port:
         metrics_app = Starlette(routes=[Route("/metrics", lambda request: Response(
@@ -204,14 +215,32 @@ async def serve_async(engine_config: EngineConfig, server_config: ServerConfig) 
             _remove_unix_socket(server_config.uds, unix_socket)
     loader.cancel()
     await asyncio.gather(loader, return_exceptions=True)
+    load_abandoned = state.engine is None and state.images is None and not failed
+    compiling = False
     # The app's lifespan shuts the engine down only if it was attached before start-up.
     if state.engine is not None:
         await state.engine.shutdown()
+        compiling = state.engine.stats().get("compile_state") == CompileState.COMPILING
     if state.images is not None:
         await asyncio.to_thread(state.images.shutdown)
-    return 1 if failed else 0
+    return (1 if failed else 0), load_abandoned or compiling
+
+
+def _exit_without_teardown(code: int) -> NoReturn:
+    """End the process now. The interpreter's teardown would stop a daemon thread
+    still inside torch when it next takes the GIL, by unwinding C++ frames that must
+    not unwind: std::terminate, SIGABRT ("terminate called without an active
+    exception", exit code -6), seen under load with a background compile under way.
+    The server itself has shut down in order by then; only the logs need flushing."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    return asyncio.run(serve_async(engine_config, server_config))
+    code, torch_work_left = asyncio.run(serve_async(engine_config, server_config))
+    if torch_work_left:
+        _exit_without_teardown(code)
+    return code

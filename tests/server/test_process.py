@@ -22,6 +22,7 @@ import openai
 import pytest
 
 from amity.models.loader import default_model_path
+from amity.suite.replicas.serve_command import listening_socket
 from tests.server.conftest import free_port, sse_data
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,8 +34,9 @@ START_LINE = re.compile(r"^amity: serving (\S+) on (http://\S+)$")
 class ServerProcess:
     """`python -m amity.cli serve ARGS`, its merged stdout/stderr collected by a thread."""
 
-    def __init__(self, *args: str):
+    def __init__(self, *args: str, pass_fds: tuple[int, ...] = ()):
         self.args = [sys.executable, "-m", "amity.cli", "serve", *args]
+        self.pass_fds = pass_fds
         self.lines: list[str] = []
         self.health_before_ready: list[tuple[int, str]] = []
         self.proc: subprocess.Popen | None = None
@@ -44,7 +46,7 @@ class ServerProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             self.args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, errors="replace")
+            text=True, errors="replace", pass_fds=self.pass_fds)
         threading.Thread(target=self._read, daemon=True).start()
         return self
 
@@ -239,4 +241,24 @@ def test_sigterm_while_the_model_loads_and_compiles_exits_at_once():
             except httpx.TransportError:
                 time.sleep(0.05)
         code = sp.terminate_and_wait(timeout=20)
+        assert code == 0, f"exit code {code}; output:\n{sp.output()[-4000:]}"
+
+
+def test_fd_serves_on_an_inherited_listening_socket():
+    """`--fd`: the Suite binds a replica's port itself and hands the listening socket
+    over, so no other process can take the port between its choice and the server's
+    start (seconds of imports, more on a loaded machine)."""
+    listener = listening_socket("127.0.0.1")
+    port = listener.getsockname()[1]
+    with ServerProcess("--fd", str(listener.fileno()), "--kv-cache-memory", "128MiB",
+                       "--compile", "false", pass_fds=(listener.fileno(),)) as sp:
+        listener.close()  # the child's copy alone holds the port from here on
+        with pytest.raises(OSError), socket.socket() as intruder:
+            intruder.bind(("127.0.0.1", port))
+        url = f"http://127.0.0.1:{port}"
+        sp.poll_health_until_ready(url, START_TIMEOUT)
+        assert sp.wait_for_line(START_LINE, 30).group(2) == url
+        res = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
+        assert res.status_code == 200 and len(res.json()["choices"][0]["tokens"]) <= 2
+        code = sp.terminate_and_wait()
         assert code == 0, f"exit code {code}; output:\n{sp.output()[-4000:]}"

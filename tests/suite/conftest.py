@@ -108,7 +108,8 @@ class SuiteProcess:
     def start(self, timeout_s: float = 60) -> "SuiteProcess":
         python_path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "AMITY_ADMIN_TOKEN": ADMIN_TOKEN, "PYTHONPATH": python_path}
-        self.log = open(self.data_dir.parent / f"suite-{self.port}.log", "w+")  # noqa: SIM115
+        self.log_path = self.data_dir.parent / f"suite-{self.port}.log"
+        self.log = open(self.log_path, "w+")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "amity.cli", "suite", "--port", str(self.port),
              "--data-dir", str(self.data_dir), *self.extra],

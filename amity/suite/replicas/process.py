@@ -1,6 +1,7 @@
-"""The `process` backend: each replica is a child `amity serve --port N --uds PATH`
-process of the Suite, on a free port of 127.0.0.1 and the Unix socket
-DATA_DIR/replicas/<id>.sock, its output kept in DATA_DIR/replicas/<id>.log.
+"""The `process` backend: each replica is a child `amity serve --fd N --uds PATH`
+process of the Suite, on a free port of 127.0.0.1 (its socket bound by the Suite and
+inherited) and the Unix socket DATA_DIR/replicas/<id>.sock, its output kept in
+DATA_DIR/replicas/<id>.log.
 
 The Suite reaches a replica over its socket (cheaper per streamed chunk than
 loopback TCP); the port is for what takes a URL (serverless tool loops, the
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from amity.suite.replicas.backend import Replica, ReplicaFailed, ReplicaSpec
 from amity.suite.replicas.proxy import new_client
-from amity.suite.replicas.serve_command import (die_with_parent, free_port, log_tail,
+from amity.suite.replicas.serve_command import (die_with_parent, listening_socket, log_tail,
                                                 serve_argv, serve_env, wait_healthy)
 
 log = logging.getLogger("amity.suite.replicas")
@@ -41,16 +42,17 @@ class ProcessBackend:
 
     async def start(self, spec: ReplicaSpec) -> Replica:
         replica_id = f"rep_{secrets.token_hex(6)}"
-        port = free_port()
         log_path = self.log_dir / f"{replica_id}.log"
         uds = self._socket_path(replica_id)
-        argv = serve_argv(spec, "127.0.0.1", port, uds)
-        with open(log_path, "wb") as out:
+        with listening_socket("127.0.0.1") as listener, open(log_path, "wb") as out:
+            port = listener.getsockname()[1]
+            argv = serve_argv(spec, listener, uds)
             out.write((" ".join(argv) + "\n").encode())
             out.flush()
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdout=out, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-                env=serve_env(), preexec_fn=die_with_parent(signal.SIGTERM))
+                env=serve_env(), preexec_fn=die_with_parent(signal.SIGTERM),
+                pass_fds=(listener.fileno(),))
         replica = Replica(replica_id, f"http://127.0.0.1:{port}", spec,
                           new_client(str(uds) if uds else None), handle=proc)
         self.replicas.add(replica)

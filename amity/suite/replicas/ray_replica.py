@@ -15,7 +15,7 @@ from pathlib import Path
 import ray
 
 from amity.suite.replicas.backend import ReplicaSpec
-from amity.suite.replicas.serve_command import (die_with_parent, free_port, log_tail,
+from amity.suite.replicas.serve_command import (die_with_parent, listening_socket, log_tail,
                                                 serve_argv, serve_env)
 
 
@@ -27,15 +27,16 @@ class ServeReplica:
     def start(self, spec: ReplicaSpec) -> str:
         """Start the replica; its base URL, reachable from other nodes."""
         host = ray.util.get_node_ip_address()
-        port = free_port(host)
-        argv = serve_argv(spec, host, port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as out:
+        with listening_socket(host) as listener, open(self.log_path, "wb") as out:
+            port = listener.getsockname()[1]
+            argv = serve_argv(spec, listener)
             out.write((" ".join(argv) + "\n").encode())
             out.flush()
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=serve_env(),
-                                         preexec_fn=die_with_parent(signal.SIGKILL))
+                                         preexec_fn=die_with_parent(signal.SIGKILL),
+                                         pass_fds=(listener.fileno(),))
         return f"http://{host}:{port}"
 
     def wait(self) -> int:

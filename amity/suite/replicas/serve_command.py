@@ -1,6 +1,11 @@
 """One replica process, as every backend starts it: `amity serve` on a free port of an
 address (and a Unix socket, where the Suite runs it), its output in a log file,
-tied to its parent's life, ready once its `/health` answers 200."""
+tied to its parent's life, ready once its `/health` answers 200.
+
+The starter binds and listens on the port itself and hands the socket to the child
+(`amity serve --fd`): a port merely found free and bound again by the child seconds
+later (its imports, longer on a loaded machine) could be taken meanwhile, and the
+replica would exit at start with "address already in use"."""
 
 import asyncio
 import ctypes
@@ -19,17 +24,24 @@ from amity.suite.replicas.backend import ReplicaSpec
 PR_SET_PDEATHSIG = 1
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def listening_socket(host: str) -> socket.socket:
+    """A TCP socket listening on a port of `host` that the kernel chose, for a child to
+    inherit (its `fileno()`: `pass_fds`)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind((host, 0))
+    listener.listen(socket.SOMAXCONN)
+    return listener
 
 
-def serve_argv(spec: ReplicaSpec, host: str, port: int, uds: Path | None = None) -> list[str]:
+def serve_argv(spec: ReplicaSpec, listener: socket.socket, uds: Path | None = None) -> list[str]:
+    """`--host` and `--port` only say where the inherited socket listens (in `ps`, in
+    the replica's log)."""
+    host, port = listener.getsockname()[:2]
     named = ("--served-model-name", spec.served_name) if spec.served_name else ()
     unix_socket = ("--uds", str(uds)) if uds else ()
     return [sys.executable, "-m", "amity.cli", "serve", "--model", spec.model, *named,
-            "--host", host, "--port", str(port), *unix_socket, *spec.flags]
+            "--host", host, "--port", str(port), "--fd", str(listener.fileno()), *unix_socket,
+            *spec.flags]
 
 
 def serve_env() -> dict[str, str]:
