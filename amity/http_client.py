@@ -72,6 +72,7 @@ class _Connection(asyncio.Protocol):
     def _start_exchange(self) -> None:
         self.parser = httptools.HttpResponseParser(self)
         self.status, self.headers = 0, []
+        self.received = False  # any byte of this exchange's answer
         self._head: asyncio.Future | None = None
         self._pieces: list[bytes] = []
         self._buffered, self._reading_paused = 0, False
@@ -84,6 +85,7 @@ class _Connection(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        self.received = True
         if self._head is None or self._complete:  # an idle connection has nothing to say
             self._fail(HttpClientError(f"the server sent {data[:80]!r} unasked"))
             return
@@ -216,9 +218,23 @@ class HttpClient:
                          netloc.encode("ascii"), b"\r\n",
                          *(b"%s: %s\r\n" % (k, v) for k, v in headers), framing, b"\r\n"])
         key = self.uds or netloc
-        connection = self._kept(key) or await self._connect(netloc)
+        kept = self._kept(key)
+        connection = kept or await self._connect(netloc)
         try:
             await connection.exchange(head, body, chunked)
+        except HttpClientError:
+            connection.close()
+            # A kept connection the server closed as we reused it (a keep-alive limit:
+            # llama.cpp's server closes after each stream) has read nothing of the
+            # request: send it again on a new one, as httpcore does, when it can be.
+            if kept is None or connection.received or not isinstance(body, bytes):
+                raise
+            connection = await self._connect(netloc)
+            try:
+                await connection.exchange(head, body, chunked)
+            except BaseException:
+                connection.close()
+                raise
         except BaseException:
             connection.close()
             raise

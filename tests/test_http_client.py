@@ -229,6 +229,29 @@ def test_an_idle_connection_the_replica_closed_is_not_reused(tmp_path, new_loop)
 
 
 @LOOPS
+def test_a_request_on_a_kept_connection_the_server_closed_meanwhile_is_sent_again(tmp_path, new_loop):
+    async def script(server, reader, writer):
+        await server.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        await asyncio.sleep(0.05)  # then closes, unannounced, reading nothing more
+
+    async def scenario():
+        server, listening, client = await on_unix(tmp_path, script)
+        async with listening:
+            for _ in range(3):  # each next request goes out on the kept connection at once
+                answer = await client.request("POST", URL, HEADERS, b"{}")
+                assert await answer.read() == b"ok"
+                await answer.aclose()
+            # Each request after the first went out twice: on the kept connection, which
+            # the server read nothing of, then on a new one; each was read once.
+            assert server.connections == 3 and len(server.requests) == 3
+            await client.aclose()
+
+    run(new_loop, scenario)
+
+
+@LOOPS
 def test_tcp_and_a_missing_replica(tmp_path, new_loop):
     async def script(server, reader, writer):
         await server.read_request(reader)
