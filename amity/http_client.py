@@ -220,25 +220,19 @@ class HttpClient:
         key = self.uds or netloc
         kept = self._kept(key)
         connection = kept or await self._connect(netloc)
-        try:
-            await connection.exchange(head, body, chunked)
-        except HttpClientError:
-            connection.close()
-            # A kept connection the server closed as we reused it (a keep-alive limit:
-            # llama.cpp's server closes after each stream) has read nothing of the
-            # request: send it again on a new one, as httpcore does, when it can be.
-            if kept is None or connection.received or not isinstance(body, bytes):
-                raise
-            connection = await self._connect(netloc)
+        while True:
             try:
                 await connection.exchange(head, body, chunked)
-            except BaseException:
+                return Answer(connection, self, key)
+            except BaseException as error:
                 connection.close()
-                raise
-        except BaseException:
-            connection.close()
-            raise
-        return Answer(connection, self, key)
+                # A kept connection the server closed as we reused it (a keep-alive
+                # limit: llama.cpp's server closes after each stream) answered nothing:
+                # send the request again on a new one, as httpcore does, when it can be.
+                if not (isinstance(error, HttpClientError) and connection is kept
+                        and not connection.received and isinstance(body, bytes)):
+                    raise
+            connection = await self._connect(netloc)
 
     def _kept(self, key: object) -> _Connection | None:
         idle, now = self._idle.get(key, []), time.monotonic()

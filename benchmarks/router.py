@@ -28,6 +28,7 @@ from pathlib import Path
 
 import httpx
 
+from amity.bench.serve import post_lines
 from amity.http_client import HttpClient
 
 TOKEN = "amity_bench_token"
@@ -46,19 +47,16 @@ async def one(client: HttpClient, url: str, body: bytes, headers: list) -> tuple
     """(TTFT s, tokens, seconds) of one streamed completion."""
     start = time.perf_counter()
     first, tokens = None, 0
-    answer = await client.request("POST", url, headers, body)
-    try:
-        if answer.status != 200:
-            raise RuntimeError(f"HTTP {answer.status}: {(await answer.read())[:200]!r}")
-        partial = b""
-        async for piece in answer:  # token chunks: one `data:` line each, counted as read
-            *lines, partial = (partial + piece).split(b"\n")
-            n = sum(line.startswith(b"data: {") and b'"token"' in line for line in lines)
-            if n:
-                first = first or time.perf_counter()
-                tokens += n
-    finally:
-        await answer.aclose()
+
+    def on_line(line: bytes) -> None:  # token chunks: one `data:` line each, counted as read
+        nonlocal first, tokens
+        if line.startswith(b"data: {") and b'"token"' in line:
+            first = first or time.perf_counter()
+            tokens += 1
+
+    status, text = await post_lines(client, url, headers, body, on_line)
+    if status != 200:
+        raise RuntimeError(f"HTTP {status}: {text[:200]!r}")
     return first - start, tokens, time.perf_counter() - start
 
 

@@ -40,6 +40,14 @@ class Scripted:
         self.requests.append((head, body))
         return head
 
+    async def each_request(self, reader):
+        """The connection's requests, read one by one until the client closes it."""
+        while True:
+            try:
+                yield await self.read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+
 
 async def on_unix(tmp_path, script):
     server = Scripted(script)
@@ -99,11 +107,7 @@ def test_a_chunked_body_split_across_reads_comes_out_as_it_arrives(tmp_path, new
 @LOOPS
 def test_keep_alive_reuses_a_connection_and_a_content_length_body_is_read_whole(tmp_path, new_loop):
     async def script(server, reader, writer):
-        while True:
-            try:
-                await server.read_request(reader)
-            except asyncio.IncompleteReadError:
-                return
+        async for _ in server.each_request(reader):
             writer.write(b"HTTP/1.1 201 Created\r\ncontent-length: 11\r\n\r\nhello")
             await asyncio.sleep(0.02)
             writer.write(b" world")
@@ -180,11 +184,7 @@ def test_closing_an_answer_early_closes_its_connection(tmp_path, new_loop):
 @LOOPS
 def test_a_streamed_request_body_goes_chunked_or_with_its_length(tmp_path, new_loop):
     async def script(server, reader, writer):
-        while True:
-            try:
-                await server.read_request(reader)
-            except asyncio.IncompleteReadError:
-                return
+        async for _ in server.each_request(reader):
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
 
     async def parts():

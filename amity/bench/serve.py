@@ -18,6 +18,7 @@ import random
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -213,23 +214,22 @@ def request_body(target: Target, prompt: list[int] | str, output_len: int) -> di
     return body
 
 
-async def _stream_lines(client: HttpClient, url: str, body: dict, record: RequestRecord,
-                        on_line) -> None:
-    """POST `body`; `on_line(line)` for each line of a 200's body as soon as it is read.
-    Any other status, or an error chunk (`on_line` sets `record.error`), ends it there."""
-    answer = await client.request("POST", url, _JSON, json.dumps(body).encode())
+async def post_lines(client: HttpClient, url: str, headers: list[tuple[bytes, bytes]],
+                     body: bytes, on_line: Callable[[bytes], bool | None]) -> tuple[int, bytes]:
+    """POST `body` to `url`; `on_line(line)` for each line of a 200's body (no line
+    ending) as soon as it is read, until it returns True. Returns the status, and the
+    body when the status is not 200."""
+    answer = await client.request("POST", url, headers, body)
     try:
         if answer.status != 200:
-            text = (await answer.read()).decode(errors="replace")
-            record.error = f"HTTP {answer.status}: {text[:120]}"
-            return
+            return answer.status, await answer.read()
         partial = b""
         async for piece in answer:
             *lines, partial = (partial + piece).split(b"\n")
             for line in lines:
-                on_line(line.removesuffix(b"\r"))
-            if record.error:
-                return  # the rest is not read: closing the answer drops its connection
+                if on_line(line.removesuffix(b"\r")):
+                    return 200, b""  # the rest is not read: closing the answer drops its connection
+        return 200, b""
     finally:
         await answer.aclose()
 
@@ -243,9 +243,9 @@ async def send(client: HttpClient, target: Target, body: dict, record: RequestRe
     last = None
     streamed, usage, done = 0, None, False
 
-    def on_line(line: bytes) -> None:  # each line as it is read, timed then
+    def on_line(line: bytes) -> bool | None:  # each line as it is read, timed then
         nonlocal last, streamed, usage, done
-        if done or record.error or not line.startswith(b"data:"):
+        if done or not line.startswith(b"data:"):
             return
         data = line[5:].strip()
         if data == b"[DONE]":
@@ -254,7 +254,7 @@ async def send(client: HttpClient, target: Target, body: dict, record: RequestRe
         chunk = json.loads(data)
         if chunk.get("error"):
             record.error = f"error chunk: {str(chunk['error'])[:120]}"
-            return
+            return True  # read no further
         usage = chunk.get("usage") or usage  # vLLM sends `usage: null` on every chunk
         for choice in chunk.get("choices") or []:
             if not choice.get("text") and choice.get("token") is None:
@@ -269,10 +269,13 @@ async def send(client: HttpClient, target: Target, body: dict, record: RequestRe
 
     try:
         async with asyncio.timeout(REQUEST_TIMEOUT_S):
-            await _stream_lines(client, target.url + "/v1/completions", body, record, on_line)
+            status, text = await post_lines(client, target.url + "/v1/completions", _JSON,
+                                            json.dumps(body).encode(), on_line)
     except Exception as error:  # noqa: BLE001 - a dropped connection is a failed request
         record.error = f"{type(error).__name__}: {error}"[:160]
         return
+    if status != 200:
+        record.error = f"HTTP {status}: {text.decode(errors='replace')[:120]}"
     if record.error:
         return
     record.e2e_s = time.perf_counter() - sent
