@@ -14,20 +14,17 @@ import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
 
+from served import free_port
+
 STATE = re.compile(r"^amity_compile_state (\S+)$", re.MULTILINE)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def one_run(cache_dir: str, extra: list[str], timeout_s: float) -> dict:

@@ -17,7 +17,6 @@ machine shared with other work disturbs less. Writes benchmarks/results/images.j
 import argparse
 import io
 import json
-import os
 import sys
 import tempfile
 import time
@@ -27,15 +26,11 @@ from pathlib import Path
 import httpx
 import torch
 
-from served import REPO, start_server, stop_server
+from served import REPO, cpu_seconds, start_server, stop_server
 
 sys.path.insert(0, str(REPO))
 
 
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process `pid` so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def plain_loop(model_dir: str, requests: int, steps: int, guidance: float) -> tuple[float, float]:
@@ -78,11 +73,11 @@ def served_level(url: str, pid: int, concurrency: int, requests: int, steps: int
 
         one(0)  # warm-up
         batches = _metric(client, "amity_image_batches_total")
-        started, cpu = time.perf_counter(), process_cpu_s(pid)
+        started, cpu = time.perf_counter(), cpu_seconds(pid)
         with ThreadPoolExecutor(concurrency) as pool:
             list(pool.map(one, range(1, requests + 1)))
         rate = requests / (time.perf_counter() - started)
-        per_cpu_s = requests / (process_cpu_s(pid) - cpu)
+        per_cpu_s = requests / (cpu_seconds(pid) - cpu)
         return rate, per_cpu_s, requests / (_metric(client, "amity_image_batches_total") - batches)
 
 

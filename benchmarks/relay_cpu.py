@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from served import cpu_seconds, free_port  # this folder's helpers
+
 # One chunk as `amity serve` streams a completion token (about the same size).
 CHUNK = (b'data: {"id":"cmpl-0123456789abcdef","object":"text_completion","created":1764700000,'
          b'"model":"bench","choices":[{"index":0,"text":" word","token":1234,"logprobs":null,'
@@ -118,9 +120,6 @@ async def load(port: int, concurrency: int, requests: int) -> None:
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_for_port(port: int) -> None:
@@ -134,11 +133,6 @@ def wait_for_port(port: int) -> None:
     raise RuntimeError(f"no proxy on port {port}")
 
 
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:
@@ -188,9 +182,9 @@ def main() -> None:
                 spy = subprocess.Popen(
                     [args.py_spy, "record", "--rate", "200", "--pid", str(proc.pid), "--format", "raw",
                      "-o", f"relay-{i}.txt"], stdout=subprocess.DEVNULL) if profiling else None
-                before = cpu_s(proc.pid)
+                before = cpu_seconds(proc.pid)
                 asyncio.run(load(port, args.concurrency, args.requests))
-                ms = 1000 * (cpu_s(proc.pid) - before) / args.requests
+                ms = 1000 * (cpu_seconds(proc.pid) - before) / args.requests
                 if spy is not None:
                     spy.send_signal(signal.SIGINT)
                     spy.wait()

@@ -29,6 +29,7 @@ from pathlib import Path
 import httpx
 
 from amity.bench.serve import post_lines
+from served import cpu_seconds, free_port  # this folder's helpers
 from amity.http_client import HttpClient
 
 TOKEN = "amity_bench_token"
@@ -36,11 +37,6 @@ REPO = Path(__file__).resolve().parents[1]
 PYTHONPATH = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
 
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def one(client: HttpClient, url: str, body: bytes, headers: list) -> tuple[float, int, float]:
@@ -87,10 +83,6 @@ async def level(url: str, body: dict, headers: dict, concurrency: int, requests:
             "ttft_ms_min_max": [ttfts_ms[0], ttfts_ms[-1]]}
 
 
-def cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) process `pid` has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -145,10 +137,10 @@ def main() -> None:
             for round_index in range(args.rounds):
                 order = [("direct", direct, {}), ("router", routed_url, headers)]
                 for name, url, extra in order[::-1] if round_index % 2 else order:
-                    suite_cpu_before = cpu_s(suite.pid)
+                    suite_cpu_before = cpu_seconds(suite.pid)
                     runs[name].append(asyncio.run(level(url, body, extra, c, requests)))
                     runs[name][-1]["suite_cpu_ms_per_request"] = (
-                        1000 * (cpu_s(suite.pid) - suite_cpu_before) / requests)
+                        1000 * (cpu_seconds(suite.pid) - suite_cpu_before) / requests)
             mine, routed = (
                 {key: statistics.median(r[key] for r in runs[name])
                  for key in ("tokens_per_s", "ttft_ms_median", "suite_cpu_ms_per_request")}

@@ -1,8 +1,9 @@
 """Starting and stopping `amity serve` for the benchmark scripts that need their own
 server process (prefix_cache_ttft.py, memory_flat.py): a free port, ready when /health
-is 200, stopped with SIGTERM."""
+is 200, stopped with SIGTERM; and a process's CPU time, for the scripts that report it."""
 
 import argparse
+import os
 import signal
 import socket
 import subprocess
@@ -37,6 +38,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """User + system CPU seconds of a process (all its threads) or of one of its threads
+    so far (Linux /proc)."""
+    stat = Path(f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat").read_text()
+    fields = stat.rpartition(")")[2].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_server(server_args: list[str], log_path: Path, timeout: float = 300):

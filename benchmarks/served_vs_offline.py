@@ -28,7 +28,6 @@ import asyncio
 import json
 import random
 import signal
-import os
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from amity.omp_wait_policy import apply_omp_wait_policy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import served  # this folder's helpers, importable once the line above ran
+from served import cpu_seconds
 from offline_throughput import greedy_tokens_per_s
 
 
@@ -48,13 +48,6 @@ def fresh_prompts(tokenizer, rng: random.Random, n: int, length: int) -> list[li
 
     return [tokenizer.encode(" ".join(rng.choice(WORDS) for _ in range(2 * length)))[:length]
             for _ in range(n)]
-
-
-def cpu_seconds(pid: int, tid: int | None = None) -> float:
-    """User + system CPU seconds of a process (all its threads) or of one of its threads."""
-    stat = Path(f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat").read_text()
-    fields = stat.rpartition(")")[2].split()  # after the command name, which may hold spaces
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def gil_summary(collapsed: Path, top: int = 8) -> dict:
