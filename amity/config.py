@@ -50,12 +50,14 @@ class EngineConfig:
         "weights in bfloat16; float32 in float32; other block types widened to bfloat16), except "
         "that an explicit --dtype float32 means the float32 reference path (none). none: the "
         "weights as loaded, through our packed kernel on a CPU. bf16: bfloat16 weights and "
-        "activations, float32 sums (AVX512-BF16 where the CPU has it). bf16-weight: the weights "
+        "activations, float32 sums (AVX512-BF16 where the CPU has it). bf16-amx: the same on AMX "
+        "tiles (CPUs with AMX; batches and prefills several times faster than bf16, one stream "
+        "slower). bf16-weight: the weights "
         "rounded to bfloat16, float32 activations. int8: int8 weights and per-token int8 "
         "activations (for batches). int8-weight: int8 weights, float activations. int4: the "
         "weights in GGUF Q4_1 (on a Q4_1 file its own blocks). The quantized ones are CPU only; "
         "the accuracy cost of each is measured in benchmarks/README.md.",
-        choices=("auto", "none", "bf16", "bf16-weight", "int8", "int8-weight", "int4"),
+        choices=("auto", "none", "bf16", "bf16-amx", "bf16-weight", "int8", "int8-weight", "int4"),
     )
     compile: str = _opt(
         "auto",

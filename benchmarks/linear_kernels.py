@@ -14,6 +14,10 @@ every layer's inputs to be a multiple of 256, which SmolLM2's 576 is not:
 
     .venv/bin/python benchmarks/linear_kernels.py --shapes qwen3-0.6b --layers 8 \
         --schemes bf16 Q8_0 Q6_K Q4_0 Q4_K --tokens 1 8 32
+On a CPU with AMX, `bf16-amx` is the `bf16` scheme on tiles:
+
+    .venv/bin/python benchmarks/linear_kernels.py --schemes bf16 bf16-amx Q4_1 --tokens 1 8 32 128
+
 The schemes take turns, one pass each per round (A, B, A, B ...), so that a drift
 of a shared machine does not decide a ratio; each figure is the median over the
 rounds. Prints one JSON line per token count.

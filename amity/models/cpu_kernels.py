@@ -24,7 +24,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_attention.cpp", "packed_linear.cpp",
-                                                                "block_linear.cpp", "bf16_linear.cpp")]
+                                                                "block_linear.cpp", "bf16_linear.cpp", "amx.cpp")]
 
 
 @functools.cache
@@ -40,6 +40,11 @@ def cpu_has(flag: str) -> bool:
     """Whether this CPU reports `flag` (e.g. avx512_bf16): the kernels, built with
     -march=native, then use it."""
     return flag in _cpu_flags().split()
+
+
+def cpu_has_amx_bf16() -> bool:
+    """Whether this CPU has AMX tiles with bfloat16 dot products (`bf16-amx`)."""
+    return cpu_has("amx_tile") and cpu_has("amx_bf16")
 
 
 def _build_digest() -> str:
@@ -100,5 +105,5 @@ def load_cpu_kernels() -> None:
         return x.new_empty(x.shape[0], weight_packed.shape[0] * 32)  # panels of 32 outputs
 
     @torch.library.register_fake("amity::bf16_linear")
-    def _(x, weight_packed, bias):
+    def _(x, weight_packed, bias, tiles=False):
         return x.new_empty(x.shape[0], weight_packed.shape[0] * 32)

@@ -14,7 +14,7 @@ from torch import nn
 from amity.config import EngineConfig
 from amity.engine.llm_engine import LLMEngine
 from amity.engine.sampling_params import SamplingParams
-from amity.models.cpu_kernels import load_cpu_kernels
+from amity.models.cpu_kernels import cpu_has_amx_bf16, load_cpu_kernels
 from amity.models.gguf_dequant import dequantize
 from amity.models.gguf_loader import open_gguf
 from amity.models.loader import default_model_path, load_model
@@ -140,16 +140,22 @@ def test_default_model_runs_on_its_files_blocks_byte_for_byte(default_model):
     assert torch.equal(_unpack_blocks(layer0.self_attn.qkv_proj, "Q4_1", qkv.shape[0]), qkv)
 
 
+AMX = pytest.mark.skipif(not cpu_has_amx_bf16(), reason="this CPU has no AMX-BF16")
+
+
+@pytest.mark.parametrize("tiles", [False, pytest.param(True, marks=AMX)], ids=["vdpbf16ps", "amx"])
 @pytest.mark.parametrize("in_features", [300, 33])
-def test_bf16_linear_is_its_definition_and_batch_invariant(in_features):
+def test_bf16_linear_is_its_definition_and_batch_invariant(in_features, tiles):
     load_cpu_kernels()
     torch.manual_seed(0)
     out_features = 51
     linear = _linear(torch.randn(out_features, in_features) * 0.05)
-    layer = Bf16Linear(linear)
+    layer = Bf16Linear(linear, tiles=tiles)
     weight = linear.weight.detach().bfloat16().double()
-    # 1-12 tokens take the direct tiles, 13+ the blocked ones (blocks of 128 pairs: 300 inputs end in a tail).
-    for num_tokens in (1, 2, 3, 5, 7, 12, 13, 30):
+    # vdpbf16ps: 1-12 tokens take the direct tiles, 13+ the blocked ones (blocks of 128
+    # pairs: 300 inputs end in a tail). AMX: tiles of 16 tokens, tasks of 32, steps of 16
+    # pairs (150 pairs end in a tail).
+    for num_tokens in (1, 2, 3, 5, 7, 12, 13, 16, 17, 30, 33):
         x = torch.randn(num_tokens, in_features)
         got = layer(x)
         assert got.dtype == torch.float32 and got.shape == (num_tokens, out_features)
@@ -193,7 +199,8 @@ def test_an_explicit_float32_dtype_is_the_reference_path():
 # benchmarks/README.md, session 7, over three 700-token texts: auto (the file's Q4_1 and
 # Q8_0) KL 0.0029-0.0035, argmax 96.6-97.9%; bf16 KL 0.00014-0.00018, 99.3-99.4%.
 # On this shorter text the bounds leave room; a broken kernel or packing falls far below.
-@pytest.mark.parametrize("scheme, max_kl, min_top1", [("auto", 0.02, 0.85), ("bf16", 0.002, 0.95)])
+@pytest.mark.parametrize("scheme, max_kl, min_top1", [("auto", 0.02, 0.85), ("bf16", 0.002, 0.95),
+                                                      pytest.param("bf16-amx", 0.002, 0.95, marks=AMX)])
 def test_default_schemes_stay_close_to_float32(default_model, scheme, max_kl, min_top1):
     text = ("The Roman Empire was the post-Republican state of ancient Rome. It is generally "
             "understood to mean the period and territory ruled by the Romans following "

@@ -11,7 +11,7 @@ from amity.config import EngineConfig
 from amity.engine.llm_engine import LLMEngine
 from amity.engine.sampling_params import SamplingParams
 from amity.models.loader import load_model
-from amity.models.cpu_kernels import load_cpu_kernels
+from amity.models.cpu_kernels import cpu_has_amx_bf16, load_cpu_kernels
 from amity.models.quantization import (BlockLinear, Int8Linear, PackedLinear, q4_1_blocks, q4_1_linear,
                                       quantize_model)
 from tests.models.test_parity import engine_logits
@@ -195,7 +195,10 @@ def test_quantize_model_replaces_every_linear_but_keeps_the_tied_embedding(tiny_
         quantize_model(loaded.model, "fp8", torch.device("cpu"))
 
 
-@pytest.mark.parametrize("scheme", ["none", "bf16", "bf16-weight", "int8", "int8-weight", "int4"])
+BF16_AMX = pytest.param("bf16-amx", marks=pytest.mark.skipif(not cpu_has_amx_bf16(), reason="no AMX-BF16"))
+
+
+@pytest.mark.parametrize("scheme", ["none", "bf16", BF16_AMX, "bf16-weight", "int8", "int8-weight", "int4"])
 def test_quantized_engine_batches_like_it_runs_alone(tiny_model_factory, scheme):
     path = tiny_model_factory("llama")
     engine = LLMEngine(EngineConfig(model=str(path), dtype="float32", kv_cache_memory="16MiB",
@@ -237,7 +240,7 @@ def test_quantized_default_model_stays_close_to_float32(default_model, scheme):
     assert kl < 0.12 and top1 > 0.75, (kl, top1)
 
 
-@pytest.mark.parametrize("scheme", ["auto", "none", "bf16", "bf16-weight", "int8", "int8-weight", "int4"])
+@pytest.mark.parametrize("scheme", ["auto", "none", "bf16", BF16_AMX, "bf16-weight", "int8", "int8-weight", "int4"])
 def test_every_layer_takes_a_batch_of_no_rows(scheme):
     # A step whose only sequence is mid-prefill samples nothing: its LM head gets 0 rows.
     load_cpu_kernels()
@@ -245,3 +248,11 @@ def test_every_layer_takes_a_batch_of_no_rows(scheme):
     layer = quantize_model(model, scheme, torch.device("cpu"))[0]
     assert layer(torch.randn(0, 64)).shape == (0, 48)
     assert layer(torch.randn(2, 0, 64)).shape == (2, 0, 48)
+
+
+def test_bf16_amx_is_refused_on_a_cpu_without_amx(monkeypatch):
+    import amity.models.quantization as quantization
+
+    monkeypatch.setattr(quantization, "cpu_has_amx_bf16", lambda: False)
+    with pytest.raises(ValueError, match="needs a CPU with AMX"):
+        quantize_model(nn.Sequential(nn.Linear(64, 32)), "bf16-amx", torch.device("cpu"))

@@ -12,9 +12,21 @@
 // blocks of k in float32, which changes no bit) run the same chain, so a token's
 // outputs are the same bits whatever its batch, tile or thread.
 //
+// `tiles` (the `bf16-amx` scheme, CPUs with AMX: amx.cpp) runs every batch size
+// on tiles instead: a tile step (TDPBF16PS) multiplies 16 tokens x 16 input pairs
+// by 16 pairs x 16 outputs into float32 sums that stay in the tile until the
+// last step. An output is one chain of tile steps over the pairs in order, each
+// summing its 16 pairs in the unit's own fixed way; a token's row of a tile
+// never mixes with the other rows, so its outputs are the same bits whatever its
+// batch, as above. They are not vdpbf16ps's bits (the unit rounds differently),
+// so a server runs one path or the other for every batch, never both. Tiles do
+// a batch's arithmetic several times faster; one token's is bound by reading
+// the weights, which the vector path does faster (benchmarks/README.md).
+//
 // Layout ([N / 32, K / 2, 64] bfloat16): panels of 32 outputs; in each, per input
 // pair, outputs 0-15 then 16-31, each as (w[k], w[k + 1]): a row of a panel is
-// two vectors of vdpbf16ps's 16 lanes x 2 inputs.
+// two vectors of vdpbf16ps's 16 lanes x 2 inputs, and 16 rows at a stride of 128
+// bytes are the tile of either half.
 
 #include <torch/extension.h>
 
@@ -26,10 +38,15 @@
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #define AMITY_AVX512_BF16 1
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define AMITY_BF16_AMX 1
+#endif
 #endif
 
 namespace amity {
 at::Tensor contiguous_as(const at::Tensor& t, at::ScalarType dtype);  // packed_linear.cpp
+bool amx_tiles();                                                     // amx.cpp
+void amx_configure(int count, const uint8_t* rows, const uint16_t* colsb);
 }
 using amity::contiguous_as;
 
@@ -86,7 +103,6 @@ void round_token(const float* x, int64_t K, uint32_t* pairs) {
 struct Problem {
   const uint32_t* x;  // [T, K / 2] bfloat16 pairs
   const uint16_t* w;  // [N / 32, K / 2, 64]
-  const float* bias;  // [N] or null
   float* out;         // [T, N]
   int64_t T, K2, N;   // K2: input pairs
 };
@@ -159,31 +175,21 @@ void blocked(const Problem& pb, int64_t begin, int64_t end) {
     }
 }
 
-}  // namespace
-
-// x [T, K] float32 or bfloat16; weight [N / 32, K / 2, 64] bfloat16 as above (K
-// even); bias [N] or undefined. Returns [T, N] in x's dtype.
-at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "amity::bf16_linear takes a 2-D CPU input");
-  TORCH_CHECK(weight.scalar_type() == at::kBFloat16 && weight.dim() == 3 && weight.size(2) == 2 * NR &&
-                  weight.is_contiguous(),
-              "amity::bf16_linear: weight must be contiguous bfloat16 [N / 32, K / 2, 64]");
-  TORCH_CHECK(weight.size(1) * 2 == x.size(1), "weight and input disagree on in_features");
-  const int64_t T = x.size(0), K = x.size(1), N = weight.size(0) * NR;
-  const at::Tensor x32 = contiguous_as(x, at::kFloat);
-  const at::Tensor bias32 = bias.has_value() ? contiguous_as(*bias, at::kFloat) : at::Tensor();
-  at::Tensor pairs = at::empty({T, K / 2}, x.options().dtype(at::kInt));
+// Every T on AVX512-BF16 (or its arithmetic, lane by lane): direct tiles for up to
+// MR tokens, blocked ones for more.
+at::Tensor vector_linear(const at::Tensor& x32, const at::Tensor& weight, bool parallel) {
+  const int64_t T = x32.size(0), K = x32.size(1), N = weight.size(0) * NR;
+  at::Tensor pairs = at::empty({T, K / 2}, x32.options().dtype(at::kInt));
   at::Tensor out = at::empty({T, N}, x32.options());
   const float* xp = x32.data_ptr<float>();
   uint32_t* pp = reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>());
   for (int64_t t = 0; t < T; ++t) round_token(xp + t * K, K, pp + t * (K / 2));
-  const Problem pb{pp, reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()),
-                   bias32.defined() ? bias32.data_ptr<float>() : nullptr, out.data_ptr<float>(), T, K / 2, N};
+  const Problem pb{pp, reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()), out.data_ptr<float>(),
+                   T, K / 2, N};
   const int64_t num_panels = N / NR;
   // Tasks of a few panels handed out one at a time, as in packed_linear.cpp.
   const int64_t panels_per_task = T <= MR ? std::max(panels_for(static_cast<int>(T)), 4) : 1;
   const int64_t num_tasks = (num_panels + panels_per_task - 1) / panels_per_task;
-  const bool parallel = T > 0 && weight.numel() * 2 >= (128 << 10);  // waking a thread pays past ~64 KiB each
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)
   for (int64_t task = 0; task < num_tasks; ++task) {
     const int64_t begin = task * panels_per_task, end = std::min(begin + panels_per_task, num_panels);
@@ -195,14 +201,132 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& weight, const std:
       default: blocked(pb, begin, end);  // more than MR tokens
     }
   }
-  if (pb.bias)
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t n = 0; n < N; ++n) pb.out[t * N + n] += pb.bias[n];
+  return out;
+}
+
+#ifdef AMITY_BF16_AMX
+constexpr int64_t TM = 16;  // tokens per tile
+constexpr int64_t KT = 16;  // input pairs per tile step
+
+// A tile of sums (16 tokens x 16 outputs) into out's rows, the first `rows` of them
+// (out has no rows past T). A macro: a tile instruction names its tile literally.
+#define AMITY_STORE_SUMS(TILE, out, N, rows)                                                   \
+  do {                                                                                         \
+    if ((rows) >= TM) {                                                                        \
+      _tile_stored(TILE, out, (N) * 4);                                                        \
+    } else {                                                                                   \
+      alignas(64) float scratch[TM * 16];                                                      \
+      _tile_stored(TILE, scratch, 16 * 4);                                                     \
+      for (int64_t r = 0; r < (rows); ++r) std::memcpy((out) + r * (N), scratch + r * 16, 64); \
+    }                                                                                          \
+  } while (0)
+
+// TILES x 16 tokens from token m0 (x's rows and columns zero-padded to whole tiles)
+// for one panel, every input pair: tiles 0-3 the sums (token tile i, half h at
+// 2i + h), 4 and 5 the tokens' pairs, 6 and 7 the panel's halves.
+template <int TILES>
+void amx_tile(const Problem& pb, int64_t K2_padded, int64_t panel, int64_t m0) {
+  constexpr int64_t stride = 2 * NR * 2;  // bytes from one pair's row of a panel to the next
+  const uint16_t* w = pb.w + panel * pb.K2 * 2 * NR;
+  const uint32_t* x = pb.x + m0 * K2_padded;
+  alignas(64) uint16_t tail[KT * 2 * NR];
+  _tile_zero(0);
+  _tile_zero(1);
+  if constexpr (TILES == 2) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t k0 = 0; k0 < pb.K2; k0 += KT) {
+    const uint16_t* rows = w + k0 * 2 * NR;
+    if (k0 + KT > pb.K2) {  // the last step's pairs past K2 as zeros
+      std::memset(tail, 0, sizeof tail);
+      std::memcpy(tail, rows, (pb.K2 - k0) * stride);
+      rows = tail;
+    }
+    _tile_loadd(6, rows, stride);
+    _tile_loadd(7, rows + 16 * 2, stride);
+    _tile_loadd(4, x + k0, K2_padded * 4);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if constexpr (TILES == 2) {
+      _tile_loadd(5, x + TM * K2_padded + k0, K2_padded * 4);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  float* o = pb.out + m0 * pb.N + panel * NR;
+  AMITY_STORE_SUMS(0, o, pb.N, pb.T - m0);
+  AMITY_STORE_SUMS(1, o + 16, pb.N, pb.T - m0);
+  if constexpr (TILES == 2) {
+    AMITY_STORE_SUMS(2, o + TM * pb.N, pb.N, pb.T - m0 - TM);
+    AMITY_STORE_SUMS(3, o + TM * pb.N + 16, pb.N, pb.T - m0 - TM);
+  }
+}
+
+// Every T on tiles: x rounded to pairs in [T up to 16s, K2 up to 16s] with zeros
+// around; tasks of one panel and 32 tokens, so that two tiles of tokens share each
+// load of the weights.
+at::Tensor tile_linear(const at::Tensor& x32, const at::Tensor& weight, bool parallel) {
+  const int64_t T = x32.size(0), K = x32.size(1), K2 = K / 2, N = weight.size(0) * NR;
+  const int64_t T_padded = (T + TM - 1) / TM * TM, K2_padded = (K2 + KT - 1) / KT * KT;
+  at::Tensor pairs = at::zeros({T_padded, K2_padded}, x32.options().dtype(at::kInt));
+  at::Tensor out = at::empty({T, N}, x32.options());
+  const float* xp = x32.data_ptr<float>();
+  uint32_t* pp = reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>());
+  for (int64_t t = 0; t < T; ++t) round_token(xp + t * K, K, pp + t * K2_padded);
+  const Problem pb{pp, reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()), out.data_ptr<float>(),
+                   T, K2, N};
+  const int64_t num_panels = N / NR, token_tasks = (T_padded + 2 * TM - 1) / (2 * TM);
+#pragma omp parallel if (parallel)
+  {
+    const uint8_t rows[8] = {TM, TM, TM, TM, TM, TM, KT, KT};
+    const uint16_t colsb[8] = {64, 64, 64, 64, KT * 4, KT * 4, 64, 64};
+    amity::amx_configure(8, rows, colsb);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < num_panels * token_tasks; ++task) {
+      const int64_t panel = task / token_tasks, m0 = task % token_tasks * 2 * TM;
+      if (m0 + TM < T_padded) amx_tile<2>(pb, K2_padded, panel, m0);
+      else amx_tile<1>(pb, K2_padded, panel, m0);
+    }
+    _tile_release();
+  }
+  return out;
+}
+#endif
+
+}  // namespace
+
+// x [T, K] float32 or bfloat16; weight [N / 32, K / 2, 64] bfloat16 as above (K
+// even); bias [N] or undefined; tiles: AMX (`bf16-amx`) rather than vdpbf16ps
+// (`bf16`). Returns [T, N] in x's dtype.
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                       bool tiles) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "amity::bf16_linear takes a 2-D CPU input");
+  TORCH_CHECK(weight.scalar_type() == at::kBFloat16 && weight.dim() == 3 && weight.size(2) == 2 * NR &&
+                  weight.is_contiguous(),
+              "amity::bf16_linear: weight must be contiguous bfloat16 [N / 32, K / 2, 64]");
+  TORCH_CHECK(weight.size(1) * 2 == x.size(1), "weight and input disagree on in_features");
+  const int64_t T = x.size(0);
+  const at::Tensor x32 = contiguous_as(x, at::kFloat);
+  const at::Tensor bias32 = bias.has_value() ? contiguous_as(*bias, at::kFloat) : at::Tensor();
+  const bool parallel = T > 0 && weight.numel() * 2 >= (128 << 10);  // waking a thread pays past ~64 KiB each
+  at::Tensor out;
+  if (tiles) {
+#ifdef AMITY_BF16_AMX
+    TORCH_CHECK(amity::amx_tiles(), "amity::bf16_linear: Linux refused this process AMX's tile state");
+    out = tile_linear(x32, weight, parallel);
+#else
+    TORCH_CHECK(false, "amity::bf16_linear: tiles need a CPU with AMX-BF16 (this build has none)");
+#endif
+  } else {
+    out = vector_linear(x32, weight, parallel);
+  }
+  if (bias32.defined()) out.add_(bias32);
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
 TORCH_LIBRARY_FRAGMENT(amity, m) {
-  m.def("bf16_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("bf16_linear(Tensor x, Tensor weight, Tensor? bias, bool tiles=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(amity, CPU, m) {
