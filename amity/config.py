@@ -34,6 +34,14 @@ class EngineConfig:
         "head in bfloat16 where the CPU has AVX512-BF16), bfloat16 on a GPU.",
         choices=("auto", "float32", "bfloat16", "float16"),
     )
+    kv_cache_dtype: str = _opt(
+        "auto",
+        "How the KV cache keeps K and V. auto: bfloat16 on a CPU, where attention is bound by "
+        "reading them (half of float32's bytes, twice the tokens in the same memory; they are "
+        "rounded once, as written, and widened to float32 as read), except under an explicit "
+        "--dtype float32 (the reference path, float32 throughout); the model's dtype on a GPU.",
+        choices=("auto", "float32", "bfloat16", "float16"),
+    )
     device: str = _opt("auto", "cpu, cuda, or auto (cuda when available).")
     task: str | None = _opt(
         None,

@@ -6,7 +6,8 @@ argmax agrees. Prints one JSON line per scheme and text.
     .venv/bin/python benchmarks/accuracy.py --schemes auto bf16 bf16-weight int4
 
 `auto` is what the server runs by default (on the default model: its Q4_1 and Q8_0
-blocks); `--dtype` applies to the schemes, the reference is always float32.
+blocks, with a bfloat16 KV cache); `--dtype` and `--kv-cache-dtype` apply to the
+schemes, the reference is always float32 throughout.
 """
 
 import argparse
@@ -32,6 +33,8 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--tokens", type=int, default=700)
+    parser.add_argument("--kv-cache-dtype", nargs="+", default=["auto"],
+                        help="each scheme runs once per KV cache dtype listed (auto, float32, bfloat16)")
     args = parser.parse_args()
     loaded = load_model(args.model, torch.float32, torch.device("cpu"))
     texts = {name: loaded.tokenizer.encode(path.read_text())[:args.tokens]
@@ -40,13 +43,16 @@ def main() -> None:
     reference_engine = LLMEngine(EngineConfig(dtype="float32", **config), copy.deepcopy(loaded))
     references = {name: engine_logits(reference_engine, ids).log_softmax(-1) for name, ids in texts.items()}
     for scheme in args.schemes:
-        engine = LLMEngine(EngineConfig(dtype=args.dtype, quantization=scheme, **config), copy.deepcopy(loaded))
-        for name, ids in texts.items():
-            reference, logprobs = references[name], engine_logits(engine, ids).float().log_softmax(-1)
-            kl = (reference.exp() * (reference - logprobs)).sum(-1).mean().item()
-            agree = (reference.argmax(-1) == logprobs.argmax(-1)).float().mean().item()
-            print(json.dumps({"scheme": scheme, "text": name, "tokens": len(ids), "kl": round(kl, 5),
-                              "argmax_agreement": round(agree, 4)}), flush=True)
+        for kv_cache_dtype in args.kv_cache_dtype:
+            engine = LLMEngine(EngineConfig(dtype=args.dtype, quantization=scheme, kv_cache_dtype=kv_cache_dtype,
+                                            **config), copy.deepcopy(loaded))
+            for name, ids in texts.items():
+                reference, logprobs = references[name], engine_logits(engine, ids).float().log_softmax(-1)
+                kl = (reference.exp() * (reference - logprobs)).sum(-1).mean().item()
+                agree = (reference.argmax(-1) == logprobs.argmax(-1)).float().mean().item()
+                print(json.dumps({"scheme": scheme, "kv_cache": str(engine.kv_cache_dtype).removeprefix("torch."),
+                                  "text": name, "tokens": len(ids), "kl": round(kl, 5),
+                                  "argmax_agreement": round(agree, 4)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from amity.engine import structured_output
 from amity.engine.model_runner import ModelRunner
 from amity.engine.background_compile import BackgroundCompile, CompileState
 from amity.models.compilation import CompiledForward, warm_up
-from amity.models.dtype import prepare_device
+from amity.models.dtype import prepare_device, resolve_kv_cache_dtype
 from amity.models.loader import LoadedModel
 from amity.models.lora import apply_lora
 from amity.models.peft_adapter import AdapterError, LoraAdapter
@@ -130,7 +130,8 @@ class LLMEngine:
         num_layers = hf.num_hidden_layers
         num_kv_heads = hf.num_key_value_heads
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-        bytes_per_block = 2 * num_layers * self.block_size * num_kv_heads * head_dim * self.dtype.itemsize
+        self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, config.dtype, self.dtype, self.device)
+        bytes_per_block = 2 * num_layers * self.block_size * num_kv_heads * head_dim * self.kv_cache_dtype.itemsize
         budget = parse_memory(config.kv_cache_memory, _free_memory_bytes(self.device))
         # More blocks than every sequence at full length can use would only sit idle.
         most_useful = config.max_num_seqs * -(-self.max_model_len // self.block_size)
@@ -143,15 +144,15 @@ class LLMEngine:
         # every layer's K and V (attention.py's layout): the compiled forward takes one
         # input and guards one tensor instead of 2 x num_layers.
         self.kv_cache = torch.zeros((num_layers, 2, self.num_blocks, self.block_size, num_kv_heads, head_dim),
-                                    dtype=self.dtype, device=self.device)
+                                    dtype=self.kv_cache_dtype, device=self.device)
         self.kv = KVCacheManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         batch = InputBatch(config.max_num_seqs, self.max_model_len, self.block_size)
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_size, self.device, self.dtype,
                                   batch, self.lora.slots if self.lora else None)
-        logger.info("engine: %s (%s) on %s (%s), %d KV blocks of %d tokens, context %d",
+        logger.info("engine: %s (%s) on %s (%s), %d KV blocks of %d tokens (%s), context %d",
                     self.model_path.name, self.task, self.device, self.dtype, self.num_blocks,
-                    self.block_size, self.max_model_len)
+                    self.block_size, self.kv_cache_dtype, self.max_model_len)
 
     def _compile_now(self) -> None:
         """`--compile true`: both compiled graphs (compilation.py) exist before the first request."""

@@ -1,7 +1,9 @@
 """Paged attention.
 
 K/V live in a pool of fixed-size blocks per layer: `[num_blocks, block_size,
-num_kv_heads, head_dim]`. An engine keeps every layer's pair in one tensor,
+num_kv_heads, head_dim]`, in the model's dtype or a narrower one (`--kv-cache-dtype`:
+a float32 model on a CPU keeps them in bfloat16 by default, rounded once as they are
+written; every read, the new tokens' own included, sees the rounded values). An engine keeps every layer's pair in one tensor,
 `[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]` (`kv_cache[layer][0]`
 is that layer's K pool, a contiguous view), so a step passes the model one tensor.
 Each sequence names its blocks in a block table, so a token at position p sits in
@@ -60,6 +62,8 @@ def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 def reference_paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float):
     num_kv_heads, head_dim = k_cache.shape[-2:]
     block_size = k_cache.shape[1]
+    # The new K/V as the cache keeps them, for every use below (as the kernel does).
+    k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
     out = torch.empty_like(q)
@@ -82,6 +86,7 @@ def reference_paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata
             q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
             mask = torch.arange(ctx_len, device=q.device)[None, :] <= q_pos[:, None]
             causal = False
+        k_i, v_i = k_i.to(q.dtype), v_i.to(q.dtype)
         o = F.scaled_dot_product_attention(
             q_i, k_i.transpose(0, 1).unsqueeze(0), v_i.transpose(0, 1).unsqueeze(0),
             attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
@@ -97,8 +102,8 @@ def reference_paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata
         idx = meta.query_start[rows]
         q_d = q[idx].unsqueeze(2)  # [B, H, 1, D]
         kept = key_mask[:, :, None, None]  # [B, L, 1, 1]
-        k_d = _gather(k_cache, slots).where(kept, 0).transpose(1, 2)  # [B, Hkv, L, D]
-        v_d = _gather(v_cache, slots).where(kept, 0).transpose(1, 2)
+        k_d = _gather(k_cache, slots).to(q.dtype).where(kept, 0).transpose(1, 2)  # [B, Hkv, L, D]
+        v_d = _gather(v_cache, slots).to(q.dtype).where(kept, 0).transpose(1, 2)
         o = F.scaled_dot_product_attention(q_d, k_d, v_d, attn_mask=key_mask[:, None, None, :],
                                            scale=scale, enable_gqa=True)
         out[idx] = o.squeeze(2)

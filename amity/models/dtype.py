@@ -23,6 +23,20 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+def resolve_kv_cache_dtype(name: str, dtype_name: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """`--kv-cache-dtype`: auto is bfloat16 on a CPU (attention there reads K/V at
+    memory speed; a bfloat16 model's cache is bfloat16 anyway), except under an
+    explicit `--dtype float32`, the float32 reference path; the model's dtype on a GPU."""
+    if name != "auto":
+        if DTYPES[name] != dtype and dtype != torch.float32:
+            raise ValueError(f"--kv-cache-dtype {name} with a {str(dtype).removeprefix('torch.')} model: "
+                             "a 16-bit model keeps K/V in its own dtype (a float32 one may narrow them)")
+        return DTYPES[name]
+    if device.type != "cpu" or dtype_name == "float32":
+        return dtype
+    return torch.bfloat16 if dtype in (torch.float32, torch.bfloat16) else dtype
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -27,7 +27,7 @@ HEAD_SHAPES = [(6, 2, 16), (6, 1, 64), (4, 2, 24)]
 STEP = [(9, 1), (0, 1), (3, 1), (5, 7), (0, 20), (11, 18), (2, 16), (0, 3), (40, 1), (33, 2)]
 
 
-def _build_step(dtype, heads=(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM)):
+def _build_step(dtype, heads=(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM), cache_dtype=None):
     num_heads, num_kv_heads, head_dim = heads
     gen = torch.Generator().manual_seed(0)
     free = torch.randperm(NUM_BLOCKS, generator=gen).tolist()
@@ -48,8 +48,8 @@ def _build_step(dtype, heads=(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM)):
     num_tokens = query_start[-1]
     shape = (NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, head_dim)
     # Cached K/V: random everywhere, so whatever a wrong slot reads is wrong.
-    k_cache = torch.randn(shape, generator=gen).to(dtype)
-    v_cache = torch.randn(shape, generator=gen).to(dtype)
+    k_cache = torch.randn(shape, generator=gen).to(cache_dtype or dtype)
+    v_cache = torch.randn(shape, generator=gen).to(cache_dtype or dtype)
     q = torch.randn(num_tokens, num_heads, head_dim, generator=gen).to(dtype)
     k = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
     v = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
@@ -77,12 +77,17 @@ def _dense(q, k, v, k_cache, v_cache, tables, scale):
     return out
 
 
+# A float32 model may keep a narrower cache (--kv-cache-dtype): the new K/V are rounded
+# as written, and attention reads them so; against the cache as it is after the
+# writes, the float32 queries' results are float32-exact.
 @pytest.mark.parametrize("heads", HEAD_SHAPES)
-@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("dtype,cache_dtype,atol", [(torch.float32, None, 1e-5), (torch.bfloat16, None, 2e-2),
+                                                    (torch.float32, torch.bfloat16, 1e-5),
+                                                    (torch.float32, torch.float16, 1e-5)])
 @pytest.mark.parametrize("impl", ["kernel", "reference"])
-def test_paged_attention_matches_definition(impl, dtype, atol, heads):
+def test_paged_attention_matches_definition(impl, dtype, cache_dtype, atol, heads):
     load_cpu_kernels()
-    q, k, v, k_cache, v_cache, meta, tables = _build_step(dtype, heads)
+    q, k, v, k_cache, v_cache, meta, tables = _build_step(dtype, heads, cache_dtype)
     _, num_kv_heads, head_dim = heads
     scale = head_dim ** -0.5
     if impl == "kernel":
@@ -92,8 +97,8 @@ def test_paged_attention_matches_definition(impl, dtype, atol, heads):
     else:
         out = reference_paged_attention(q, k, v, k_cache, v_cache, meta, scale)
     # The step's new K/V went to their slots.
-    assert torch.equal(k_cache.reshape(-1, num_kv_heads, head_dim)[meta.slot_mapping], k)
-    assert torch.equal(v_cache.reshape(-1, num_kv_heads, head_dim)[meta.slot_mapping], v)
+    assert torch.equal(k_cache.reshape(-1, num_kv_heads, head_dim)[meta.slot_mapping], k.to(k_cache.dtype))
+    assert torch.equal(v_cache.reshape(-1, num_kv_heads, head_dim)[meta.slot_mapping], v.to(v_cache.dtype))
     expected = _dense(q, k, v, k_cache, v_cache, tables, scale)
     assert out.dtype == dtype and out.shape == q.shape
     torch.testing.assert_close(out.double(), expected, atol=atol, rtol=0)

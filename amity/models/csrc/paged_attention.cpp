@@ -181,16 +181,16 @@ constexpr int kMaxVectorHeadDim = 256;
 // One query token against its kv head's num_keys keys, for its `group` query
 // heads: query [group][16 * NV] (scaled), scores [group][num_keys rounded up to
 // 16] scratch; writes out_rows[g][d] for the group's heads.
-template <typename scalar_t, int NV>
-void attend_query_vectorized(const float* query, int64_t group, const scalar_t* k_cache,
-                             const scalar_t* v_cache, const int64_t* table, int64_t num_keys,
+template <typename scalar_t, typename cache_t, int NV>
+void attend_query_vectorized(const float* query, int64_t group, const cache_t* k_cache,
+                             const cache_t* v_cache, const int64_t* table, int64_t num_keys,
                              int64_t block_size, int64_t slot_stride, int64_t head_offset,
                              float* scores, float* inv_sum, scalar_t* out, int64_t out_head_stride) {
   constexpr int D = 16 * NV;
   const int64_t padded = (num_keys + 15) / 16 * 16;
   // Keys are visited in order (walk_context, which prefetches each next block) and
   // scored 16 at a time.
-  const scalar_t* keys[16];
+  const cache_t* keys[16];
   auto score_keys = [&](int64_t j0, int64_t count) {
     for (int64_t jj = count; jj < 16; ++jj) keys[jj] = keys[0];  // lanes past the end: ignored
     for (int64_t g = 0; g < group; ++g) {
@@ -205,7 +205,7 @@ void attend_query_vectorized(const float* query, int64_t group, const scalar_t* 
     }
   };
   walk_context(k_cache, table, num_keys, block_size, slot_stride, head_offset, D,
-               [&](int64_t j, const scalar_t* key) {
+               [&](int64_t j, const cache_t* key) {
     keys[j % 16] = key;
     if (j % 16 == 15 || j + 1 == num_keys) score_keys(j - j % 16, j % 16 + 1);
   });
@@ -233,7 +233,7 @@ void attend_query_vectorized(const float* query, int64_t group, const scalar_t* 
     for (int g = 0; g < GC; ++g)
       for (int v = 0; v < NV; ++v) acc[g][v] = _mm512_setzero_ps();
     walk_context(v_cache, table, num_keys, block_size, slot_stride, head_offset, D,
-                 [&](int64_t j, const scalar_t* value) {
+                 [&](int64_t j, const cache_t* value) {
       __m512 vr[NV];
       for (int v = 0; v < NV; ++v) vr[v] = load16(value + 16 * v);
       for (int g = 0; g < GC; ++g)
@@ -254,7 +254,9 @@ void attend_query_vectorized(const float* query, int64_t group, const scalar_t* 
 }
 #endif
 
-template <typename scalar_t>
+// scalar_t: q's and out's type; cache_t: the KV cache's (a float32 model may keep
+// its K/V in bfloat16, widened here as they are read).
+template <typename scalar_t, typename cache_t>
 void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const int64_t* query_start, const int64_t* context_lens,
                      const at::Tensor& block_tables, const std::vector<int64_t>& seqs,
@@ -264,8 +266,8 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   const int64_t group = num_heads / num_kv_heads;
   const int64_t max_blocks = block_tables.size(1);
   const scalar_t* q_ptr = q.data_ptr<scalar_t>();
-  const scalar_t* k_ptr = k_cache.data_ptr<scalar_t>();
-  const scalar_t* v_ptr = v_cache.data_ptr<scalar_t>();
+  const cache_t* k_ptr = k_cache.data_ptr<cache_t>();
+  const cache_t* v_ptr = v_cache.data_ptr<cache_t>();
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   scalar_t* out_ptr = out.data_ptr<scalar_t>();
   const int64_t slot_stride = num_kv_heads * head_dim;
@@ -304,7 +306,7 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
           scores.resize(group * ((num_keys + 15) / 16 * 16));
           scalar_t* out_rows = out_ptr + (token * num_heads + kv_head * group) * head_dim;
           switch (head_dim / 16) {
-#define AMITY_NV(NV) case NV: attend_query_vectorized<scalar_t, NV>(query.data(), group, k_ptr, v_ptr, table, \
+#define AMITY_NV(NV) case NV: attend_query_vectorized<scalar_t, cache_t, NV>(query.data(), group, k_ptr, v_ptr, table, \
               num_keys, block_size, slot_stride, kv_head * head_dim, scores.data(), inv_sum.data(), out_rows, head_dim); break;
             AMITY_NV(1) AMITY_NV(2) AMITY_NV(3) AMITY_NV(4) AMITY_NV(5) AMITY_NV(6) AMITY_NV(7) AMITY_NV(8)
             AMITY_NV(9) AMITY_NV(10) AMITY_NV(11) AMITY_NV(12) AMITY_NV(13) AMITY_NV(14) AMITY_NV(15) AMITY_NV(16)
@@ -315,7 +317,7 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
 #endif
         scores.resize(group * num_keys);
         walk_context(k_ptr, table, num_keys, block_size, slot_stride, kv_head * head_dim, head_dim,
-                     [&](int64_t j, const scalar_t* key) {
+                     [&](int64_t j, const cache_t* key) {
           const float* kr = widen(key, row.data(), head_dim);
           for (int64_t g = 0; g < group; ++g)
             scores[g * num_keys + j] = dot(query.data() + g * head_dim, kr, head_dim);
@@ -334,7 +336,7 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
         }
         std::fill(acc.begin(), acc.end(), 0.f);
         walk_context(v_ptr, table, num_keys, block_size, slot_stride, kv_head * head_dim, head_dim,
-                     [&](int64_t j, const scalar_t* value) {
+                     [&](int64_t j, const cache_t* value) {
           const float* vr = widen(value, row.data(), head_dim);
           for (int64_t g = 0; g < group; ++g) {
             const float p = scores[g * num_keys + j];
@@ -365,8 +367,8 @@ void attend_gathered(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   bool is_causal = false;
   if (ctx_len == q_len) {
     // Nothing cached before this chunk: its own K/V are the whole context.
-    k_i = k.narrow(0, start, q_len);
-    v_i = v.narrow(0, start, q_len);
+    k_i = k.narrow(0, start, q_len).to(q.scalar_type());
+    v_i = v.narrow(0, start, q_len).to(q.scalar_type());
     is_causal = true;
   } else {
     const int64_t num_blocks = (ctx_len + block_size - 1) / block_size;
@@ -374,8 +376,8 @@ void attend_gathered(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                         at::arange(block_size, table.options()))
                            .reshape({-1})
                            .narrow(0, 0, ctx_len);
-    k_i = k_cache.view({-1, num_kv_heads, head_dim}).index_select(0, slots);
-    v_i = v_cache.view({-1, num_kv_heads, head_dim}).index_select(0, slots);
+    k_i = k_cache.view({-1, num_kv_heads, head_dim}).index_select(0, slots).to(q.scalar_type());
+    v_i = v_cache.view({-1, num_kv_heads, head_dim}).index_select(0, slots).to(q.scalar_type());
     at::Tensor q_pos = at::arange(ctx_len - q_len, ctx_len, table.options());
     mask = at::arange(ctx_len, table.options()).unsqueeze(0) <= q_pos.unsqueeze(1);
   }
@@ -410,15 +412,19 @@ void write_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k_in,
 }  // namespace
 
 // q [T, H, D]; k, v [T, Hkv, D] (the step's new tokens, written to slot_mapping
-// first); k_cache, v_cache [num_blocks, block_size, Hkv, D]; query_start [S + 1],
+// first, in the cache's dtype); k_cache, v_cache [num_blocks, block_size, Hkv, D]
+// (q's dtype, or a narrower one for float32 queries); query_start [S + 1],
 // context_lens [S], block_tables [S, max_blocks] (int64). Returns [T, H, D].
-at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v,
+at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                            at::Tensor& k_cache, at::Tensor& v_cache,
                            const at::Tensor& slot_mapping, const at::Tensor& query_start_in,
                            const at::Tensor& context_lens_in, const at::Tensor& block_tables_in,
                            double scale) {
   TORCH_CHECK(q_in.device().is_cpu(), "amity::paged_attention is a CPU kernel");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "KV cache must be contiguous");
+  // The new K/V as the cache keeps them (rounded once, if it is narrower), and used
+  // so by every path below: a key's numbers do not depend on which chunk wrote it.
+  const at::Tensor k = k_in.to(k_cache.scalar_type()), v = v_in.to(v_cache.scalar_type());
   write_kv(k_cache, v_cache, k, v, slot_mapping);
 
   at::Tensor q = q_in.contiguous();
@@ -440,19 +446,22 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k, const at
     }
   }
   if (!in_place.empty()) {
-    switch (q.scalar_type()) {
-      case at::kFloat:
-        attend_in_place<float>(q, k_cache, v_cache, starts, ctx, block_tables, in_place, scale, out);
-        break;
-      case at::kBFloat16:
-        attend_in_place<c10::BFloat16>(q, k_cache, v_cache, starts, ctx, block_tables, in_place, scale, out);
-        break;
-      case at::kHalf:
-        attend_in_place<c10::Half>(q, k_cache, v_cache, starts, ctx, block_tables, in_place, scale, out);
-        break;
-      default:
-        TORCH_CHECK(false, "amity::paged_attention takes float32, bfloat16 or float16, not ", q.scalar_type());
-    }
+    const at::ScalarType q_type = q.scalar_type(), cache_type = k_cache.scalar_type();
+    if (q_type == at::kFloat && cache_type == at::kFloat)
+      attend_in_place<float, float>(q, k_cache, v_cache, starts, ctx, block_tables, in_place, scale, out);
+    else if (q_type == at::kFloat && cache_type == at::kBFloat16)
+      attend_in_place<float, c10::BFloat16>(q, k_cache, v_cache, starts, ctx, block_tables, in_place, scale, out);
+    else if (q_type == at::kFloat && cache_type == at::kHalf)
+      attend_in_place<float, c10::Half>(q, k_cache, v_cache, starts, ctx, block_tables, in_place, scale, out);
+    else if (q_type == at::kBFloat16 && cache_type == at::kBFloat16)
+      attend_in_place<c10::BFloat16, c10::BFloat16>(q, k_cache, v_cache, starts, ctx, block_tables, in_place, scale,
+                                                    out);
+    else if (q_type == at::kHalf && cache_type == at::kHalf)
+      attend_in_place<c10::Half, c10::Half>(q, k_cache, v_cache, starts, ctx, block_tables, in_place, scale, out);
+    else
+      TORCH_CHECK(false, "amity::paged_attention: queries in ", q_type, " with a ", cache_type,
+                  " KV cache (it takes float32 queries with a float32, bfloat16 or float16 cache, "
+                  "or queries and cache of one 16-bit type)");
   }
   return out;
 }
