@@ -1,11 +1,14 @@
-"""Choosing the compute dtype.
+"""Choosing the compute dtype, and the KV cache's.
 
 `auto` is bfloat16 on a GPU and float32 on a CPU. On a CPU every linear layer and
 attention run through our kernels (quantization.py, attention.py), which compute
 in float32 whatever the dtype: bfloat16 there only halves the bytes of the
-weights and the KV cache, which helps a memory-bound single stream, and costs
-accuracy in the norms, residuals and activations that torch keeps in bfloat16.
-That trade is the user's to make (`--dtype bfloat16`), not a default.
+weights, which helps a memory-bound single stream, and costs accuracy in the
+norms, residuals and activations that torch keeps in bfloat16. That trade is the
+user's to make (`--dtype bfloat16`), not a default. The KV cache is another
+matter: decode attention reads every cached K/V row each step, at memory speed,
+so a CPU keeps them in bfloat16 by default (`resolve_kv_cache_dtype`), rounded
+once as written, at a cost measured in benchmarks/README.md (session 13).
 """
 
 import os
