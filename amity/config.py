@@ -36,10 +36,11 @@ class EngineConfig:
     )
     kv_cache_dtype: str = _opt(
         "auto",
-        "How the KV cache keeps K and V. auto: bfloat16 on a CPU, where attention is bound by "
-        "reading them (half of float32's bytes, twice the tokens in the same memory; they are "
-        "rounded once, as written, and widened to float32 as read), except under an explicit "
-        "--dtype float32 (the reference path, float32 throughout); the model's dtype on a GPU.",
+        "How the KV cache keeps K and V. auto: the model's dtype. A float32 model may keep them "
+        "in bfloat16 (or float16): half the bytes decode attention reads every step and twice "
+        "the tokens in the same memory (32 streams 6-16% faster on a CPU), rounded once as "
+        "written and widened to float32 as read, which moves greedy tokens now and then "
+        "(benchmarks/README.md, session 13).",
         choices=("auto", "float32", "bfloat16", "float16"),
     )
     device: str = _opt("auto", "cpu, cuda, or auto (cuda when available).")

@@ -5,15 +5,21 @@ A daemon thread builds the compiled forward and its two graphs on scratch inputs
 engine takes the compiled forward between two steps once it is ready
 (`LLMEngine.step`). Compiled and eager compute the same tokens (tests/models/
 test_compilation.py), so the switch changes speed, not results. Dynamo's state is
-per thread (its frame hook, tracing context and fake-tensor modes), so tracing here
-does not reach the eager steps; what the two threads share is the CPU: the first
-compile on a machine (about three minutes for the default model, mostly inductor's
-C++ builds in subprocesses) slows the eager steps meanwhile.
+per thread (its frame hook, tracing context and fake-tensor modes), but torch.fx's
+`Tracer.trace`, which AOT autograd and inductor run while compiling, patches
+`torch.nn.Module.__call__` for the whole process while it traces: an eager step
+calling a module meanwhile went through the tracer and failed ("module is not
+installed as a submodule", the requests in flight ended with an error). So while a
+compile runs, each trace and each eager step take one lock (`one_at_a_time`): a
+step may wait for a trace, never run inside one. What the threads also share is the
+CPU: the first compile on a machine (about three minutes for the default model,
+mostly inductor's C++ builds in subprocesses) slows the eager steps meanwhile.
 
 A daemon: a shutdown during the compile does not wait for it.
 """
 
 import enum
+import functools
 import logging
 import threading
 import time
@@ -23,6 +29,33 @@ import torch
 from amity.models.compilation import CompiledForward, warm_up
 
 logger = logging.getLogger("amity.engine")
+
+
+# Held by an fx trace (on the compile thread) and by an eager step (on the engine
+# thread) while a background compile runs; reentrant, as traces nest.
+_TRACE_OR_STEP = threading.RLock()
+
+
+def _serialize_fx_traces() -> None:
+    """Makes every torch.fx trace in this process hold _TRACE_OR_STEP (once)."""
+    tracer = torch.fx._symbolic_trace.Tracer
+    if getattr(tracer.trace, "amity_serialized", False):
+        return
+    trace = tracer.trace
+
+    @functools.wraps(trace)
+    def serialized(self, *args, **kwargs):
+        with _TRACE_OR_STEP:
+            return trace(self, *args, **kwargs)
+
+    serialized.amity_serialized = True
+    tracer.trace = serialized
+
+
+def one_at_a_time() -> threading.RLock:
+    """What an eager step holds while a background compile runs: no fx trace, which
+    patches nn.Module.__call__ process-wide, can be under way meanwhile."""
+    return _TRACE_OR_STEP
 
 
 class CompileState(enum.IntEnum):
@@ -40,6 +73,7 @@ class BackgroundCompile:
         self._done = threading.Event()
         logger.info("compiling the model in the background (--compile auto); serving the "
                     "eager model meanwhile (the first compile on a machine takes minutes)")
+        _serialize_fx_traces()
         self._thread = threading.Thread(target=self._compile, args=(model, kv_cache),
                                         name="amity-compile", daemon=True)
         self._thread.start()

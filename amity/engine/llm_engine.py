@@ -10,6 +10,7 @@ token budget with generation; one finishes in the step that computes its last pr
 token, returns its blocks at once and reports one `PoolingOutput` (pooler.py).
 """
 
+import contextlib
 import itertools
 import logging
 import random
@@ -36,7 +37,7 @@ from amity.engine.scheduler import Scheduler
 from amity.engine.token_history import TokenHistory, uses_history
 from amity.engine import structured_output
 from amity.engine.model_runner import ModelRunner
-from amity.engine.background_compile import BackgroundCompile, CompileState
+from amity.engine.background_compile import BackgroundCompile, CompileState, one_at_a_time
 from amity.models.compilation import CompiledForward, warm_up
 from amity.models.dtype import prepare_device, resolve_kv_cache_dtype
 from amity.models.loader import LoadedModel
@@ -130,7 +131,7 @@ class LLMEngine:
         num_layers = hf.num_hidden_layers
         num_kv_heads = hf.num_key_value_heads
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-        self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, config.dtype, self.dtype, self.device)
+        self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
         bytes_per_block = 2 * num_layers * self.block_size * num_kv_heads * head_dim * self.kv_cache_dtype.itemsize
         budget = parse_memory(config.kv_cache_memory, _free_memory_bytes(self.device))
         # More blocks than every sequence at full length can use would only sit idle.
@@ -468,7 +469,9 @@ class LLMEngine:
         self.last_step_scheduled = bool(plan.scheduled)
         if not plan.scheduled:
             return []
-        result = self.runner.execute(plan)
+        # While a compile runs beside it, no fx trace of the compile's meanwhile.
+        with one_at_a_time() if self._background_compile is not None else contextlib.nullcontext():
+            result = self.runner.execute(plan)
         self.scheduler.update_after_step(plan)
         self.num_steps += 1
         for request in plan.preempted:  # recomputed from the start: its rows come again

@@ -1,9 +1,9 @@
 """Paged attention.
 
 K/V live in a pool of fixed-size blocks per layer: `[num_blocks, block_size,
-num_kv_heads, head_dim]`, in the model's dtype or a narrower one (`--kv-cache-dtype`:
-a float32 model on a CPU keeps them in bfloat16 by default, rounded once as they are
-written; every read, the new tokens' own included, sees the rounded values). An engine keeps every layer's pair in one tensor,
+num_kv_heads, head_dim]`, in the model's dtype or, for a float32 model, a narrower
+one (`--kv-cache-dtype`): rounded once as they are written, and every read, the new
+tokens' own included, sees the rounded values. An engine keeps every layer's pair in one tensor,
 `[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]` (`kv_cache[layer][0]`
 is that layer's K pool, a contiguous view), so a step passes the model one tensor.
 Each sequence names its blocks in a block table, so a token at position p sits in

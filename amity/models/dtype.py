@@ -5,10 +5,11 @@ attention run through our kernels (quantization.py, attention.py), which compute
 in float32 whatever the dtype: bfloat16 there only halves the bytes of the
 weights, which helps a memory-bound single stream, and costs accuracy in the
 norms, residuals and activations that torch keeps in bfloat16. That trade is the
-user's to make (`--dtype bfloat16`), not a default. The KV cache is another
-matter: decode attention reads every cached K/V row each step, at memory speed,
-so a CPU keeps them in bfloat16 by default (`resolve_kv_cache_dtype`), rounded
-once as written, at a cost measured in benchmarks/README.md (session 13).
+user's to make (`--dtype bfloat16`), not a default; so is a bfloat16 KV cache for
+a float32 model (`--kv-cache-dtype bfloat16`, `resolve_kv_cache_dtype`): decode
+attention reads every cached K/V row each step at memory speed, and halving those
+bytes makes 32 streams 6-16% faster, but it moves greedy tokens (benchmarks/README.md,
+session 13).
 """
 
 import os
@@ -26,18 +27,16 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def resolve_kv_cache_dtype(name: str, dtype_name: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """`--kv-cache-dtype`: auto is bfloat16 on a CPU (attention there reads K/V at
-    memory speed; a bfloat16 model's cache is bfloat16 anyway), except under an
-    explicit `--dtype float32`, the float32 reference path; the model's dtype on a GPU."""
-    if name != "auto":
-        if DTYPES[name] != dtype and dtype != torch.float32:
-            raise ValueError(f"--kv-cache-dtype {name} with a {str(dtype).removeprefix('torch.')} model: "
-                             "a 16-bit model keeps K/V in its own dtype (a float32 one may narrow them)")
-        return DTYPES[name]
-    if device.type != "cpu" or dtype_name == "float32":
+def resolve_kv_cache_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
+    """`--kv-cache-dtype`: auto is the model's dtype; a float32 model may keep K/V
+    narrower (bfloat16: half the bytes decode attention reads, at the cost measured
+    in benchmarks/README.md, session 13)."""
+    if name == "auto":
         return dtype
-    return torch.bfloat16 if dtype in (torch.float32, torch.bfloat16) else dtype
+    if DTYPES[name] != dtype and dtype != torch.float32:
+        raise ValueError(f"--kv-cache-dtype {name} with a {str(dtype).removeprefix('torch.')} model: "
+                         "a 16-bit model keeps K/V in its own dtype (a float32 one may narrow them)")
+    return DTYPES[name]
 
 
 def resolve_device(name: str) -> torch.device:

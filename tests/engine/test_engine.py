@@ -118,8 +118,8 @@ def test_chunked_prefill_changes_nothing(make_engine, alone, vocab_size):
 
 
 def test_a_bfloat16_kv_cache_changes_nothing_between_batches_and_chunks(make_engine, vocab_size):
-    # What `--kv-cache-dtype auto` gives a float32 model on a CPU: K/V rounded once as
-    # written, so a request's tokens do not depend on its batch or its chunks either.
+    # `--kv-cache-dtype bfloat16` on a float32 model: K/V rounded once as written, so a
+    # request's tokens do not depend on its batch or its chunks either.
     ps = prompts(4, [45, 30, 6, 61], vocab_size, seed=2)
     reference = make_engine(kv_cache_dtype="bfloat16", enable_prefix_caching=False)
     assert reference.kv_cache.dtype == torch.bfloat16
@@ -136,15 +136,12 @@ def test_a_bfloat16_kv_cache_changes_nothing_between_batches_and_chunks(make_eng
 def test_the_kv_cache_dtype_by_default_and_on_request():
     from amity.models.dtype import resolve_kv_cache_dtype
 
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert resolve_kv_cache_dtype("auto", "auto", torch.float32, cpu) == torch.bfloat16
-    assert resolve_kv_cache_dtype("auto", "float32", torch.float32, cpu) == torch.float32  # the reference path
-    assert resolve_kv_cache_dtype("auto", "auto", torch.bfloat16, cuda) == torch.bfloat16
-    assert resolve_kv_cache_dtype("auto", "float16", torch.float16, cpu) == torch.float16
-    assert resolve_kv_cache_dtype("float32", "auto", torch.float32, cpu) == torch.float32
-    assert resolve_kv_cache_dtype("float16", "float32", torch.float32, cpu) == torch.float16
+    assert resolve_kv_cache_dtype("auto", torch.float32) == torch.float32
+    assert resolve_kv_cache_dtype("auto", torch.bfloat16) == torch.bfloat16
+    assert resolve_kv_cache_dtype("bfloat16", torch.float32) == torch.bfloat16
+    assert resolve_kv_cache_dtype("float16", torch.float32) == torch.float16
     with pytest.raises(ValueError, match="keeps K/V in its own dtype"):
-        resolve_kv_cache_dtype("float32", "bfloat16", torch.bfloat16, cpu)
+        resolve_kv_cache_dtype("float32", torch.bfloat16)
 
 
 def test_prefix_cache_hit_reports_cached_tokens_and_same_output(make_engine, alone, vocab_size):

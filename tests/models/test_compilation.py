@@ -108,3 +108,53 @@ def test_background_compile_switches_between_steps_without_changing_results(tiny
     _assert_same(_run(engine, engine.vocab_size), expected)
     assert isinstance(engine.runner.forward, CompiledForward)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
+
+
+def test_an_eager_step_never_runs_inside_an_fx_trace_of_the_compile():
+    """torch.fx's Tracer.trace patches nn.Module.__call__ for the whole process while
+    it traces (AOT autograd and inductor trace while a background compile runs): a
+    module called from another thread meanwhile goes through the tracer and fails.
+    With the background compile's serialization, the eager side waits for the trace."""
+    import threading
+
+    from amity.engine import background_compile
+
+    inside, go = threading.Event(), threading.Event()
+    eager = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    x = torch.randn(2, 4)
+
+    class Slow(torch.nn.Module):
+        def forward(self, y):
+            inside.set()
+            go.wait(10)
+            return y + 1
+
+    def call_eager_during_a_trace(serialized: bool) -> BaseException | torch.Tensor:
+        inside.clear(), go.clear()
+        tracer = threading.Thread(target=lambda: torch.fx.symbolic_trace(Slow()))
+        tracer.start()
+        assert inside.wait(10)
+        result: list = []
+
+        def step():
+            try:
+                if serialized:
+                    with background_compile.one_at_a_time():
+                        result.append(eager(x))
+                else:
+                    result.append(eager(x))
+            except BaseException as error:  # what the engine thread would have raised
+                result.append(error)
+
+        stepper = threading.Thread(target=step)
+        stepper.start()
+        stepper.join(0.3)
+        waited = stepper.is_alive()
+        go.set()
+        tracer.join(10), stepper.join(10)
+        assert waited == serialized
+        return result[0]
+
+    assert isinstance(call_eager_during_a_trace(serialized=False), NameError)  # the hazard
+    background_compile._serialize_fx_traces()
+    assert torch.equal(call_eager_during_a_trace(serialized=True), eager(x))
