@@ -343,7 +343,8 @@ def _amx_bf16_linear(linear: nn.Linear) -> Bf16Linear:
                          "/proc/cpuinfo); this one has none: use bf16")
     load_cpu_kernels()
     if not torch.ops.amity.amx_tiles():
-        raise ValueError("--quantization bf16-amx: Linux did not grant this process AMX's tile state")
+        raise ValueError("--quantization bf16-amx: the kernels' build has no AMX (a C++ compiler that "
+                         "does not know it) or Linux did not grant this process AMX's tile state")
     return Bf16Linear(linear, tiles=True)
 
 
