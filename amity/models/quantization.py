@@ -39,7 +39,7 @@ kernels"):
 - `bf16-amx`: the same bfloat16 weights and activations on AMX tiles, on CPUs
   that have them: a tile step multiplies 16 tokens by 16 input pairs by 16
   outputs, so batches and prefills run 2.5-3.8x faster than `bf16` (32-128
-  tokens), while one token runs about 1.4x slower (its step reads the weights
+  tokens), while one token runs about 1.3x slower (its step reads the weights
   slower through tiles than vdpbf16ps's loads do). Its sums round differently from
   vdpbf16ps's, so it is a scheme of its own rather than `bf16` switching by batch
   size (which would make a token's numbers depend on its batch); `auto` keeps

@@ -1,13 +1,14 @@
 // AMX, Intel's matrix unit: eight tile registers of up to 16 rows x 64 bytes,
 // and dot products of whole tiles (int8 or bfloat16 pairs into int32 or float32
-// sums). block_linear.cpp and bf16_linear.cpp use it where the CPU has it.
+// sums). bf16_linear.cpp's `bf16-amx` path uses it.
 //
 // Linux gives a process the tiles' 8 KiB of register state only after the
 // process asks for it (arch_prctl ARCH_REQ_XCOMP_PERM), once; a tile
 // instruction before that dies with SIGILL. `amx_tiles` asks on first use and
-// says whether it was granted (a kernel falls back to AVX-512 if not), and
-// `amx_configure` loads one thread's tile shapes (a thread's tile configuration
-// is its own, so each OpenMP thread loads it before its first tile instruction).
+// says whether it was granted (false in a build without AMX; quantization.py
+// refuses `bf16-amx` then), and `amx_configure`, which exists only in a build
+// with AMX, loads one thread's tile shapes (a thread's tile configuration is its
+// own, so each OpenMP thread loads it before its first tile instruction).
 
 #include <torch/extension.h>
 
@@ -32,9 +33,9 @@ bool amx_tiles() {
 #endif
 }
 
+#if defined(__AMX_TILE__) && defined(__x86_64__)
 // Tile t: rows[t] rows of colsb[t] bytes, for t < count (the rest unused).
 void amx_configure(int count, const uint8_t* rows, const uint16_t* colsb) {
-#if defined(__AMX_TILE__) && defined(__x86_64__)
   struct alignas(64) {
     uint8_t palette = 1, start_row = 0, reserved[14] = {};
     uint16_t colsb[16] = {};
@@ -42,11 +43,8 @@ void amx_configure(int count, const uint8_t* rows, const uint16_t* colsb) {
   } config;
   for (int t = 0; t < count; ++t) config.rows[t] = rows[t], config.colsb[t] = colsb[t];
   _tile_loadconfig(&config);
-#else
-  (void)count, (void)rows, (void)colsb;
-  TORCH_CHECK(false, "amity: this build has no AMX");
-#endif
 }
+#endif
 
 }  // namespace amity
 
