@@ -34,6 +34,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -47,6 +48,11 @@ namespace amity {
 at::Tensor contiguous_as(const at::Tensor& t, at::ScalarType dtype);  // packed_linear.cpp
 bool amx_tiles();                                                     // amx.cpp
 void amx_configure(int count, const uint8_t* rows, const uint16_t* colsb);
+// Pair rows [k0, k0 + count) of a panel ([count, 64] bfloat16): in the weights, or
+// written into buffer. k0 and count are multiples of 16 unless count reaches K2.
+using PanelRows = const uint16_t* (*)(const void* weight, int64_t K2, int64_t panel, int64_t k0, int64_t count,
+                                      uint16_t* buffer);
+at::Tensor tile_linear(const at::Tensor& x32, int64_t N, const void* weight, PanelRows panel_rows, bool parallel);
 }
 using amity::contiguous_as;
 
@@ -207,6 +213,7 @@ at::Tensor vector_linear(const at::Tensor& x32, const at::Tensor& weight, bool p
 #ifdef AMITY_BF16_AMX
 constexpr int64_t TM = 16;  // tokens per tile
 constexpr int64_t KT = 16;  // input pairs per tile step
+constexpr int64_t TB = 512;  // tokens per task (measured: 128-1024 best; fewer dequantize a panel more often)
 
 // A tile of sums (16 tokens x 16 outputs) into out's rows, the first `rows` of them
 // (out has no rows past T). A macro: a tile instruction names its tile literally.
@@ -222,13 +229,15 @@ constexpr int64_t KT = 16;  // input pairs per tile step
   } while (0)
 
 // TILES x 16 tokens from token m0 (x's rows and columns zero-padded to whole tiles)
-// for one panel, every input pair: tiles 0-3 the sums (token tile i, half h at
-// 2i + h), 4 and 5 the tokens' pairs, 6 and 7 the panel's halves.
+// for one panel, every input pair, its pair rows `chunk` at a time from panel_rows
+// (source_panel of weight): tiles 0-3 the sums (token tile i, half h at 2i + h),
+// 4 and 5 the tokens' pairs, 6 and 7 the panel's halves.
 template <int TILES>
-void amx_tile(const Problem& pb, int64_t K2_padded, int64_t panel, int64_t m0) {
+void amx_tile(const Problem& pb, int64_t K2_padded, const void* weight, amity::PanelRows panel_rows,
+              int64_t source_panel, int64_t chunk, uint16_t* buffer, int64_t panel, int64_t m0) {
   constexpr int64_t stride = 2 * NR * 2;  // bytes from one pair's row of a panel to the next
-  const uint16_t* w = pb.w + panel * pb.K2 * 2 * NR;
   const uint32_t* x = pb.x + m0 * K2_padded;
+  const uint16_t* w = nullptr;
   alignas(64) uint16_t tail[KT * 2 * NR];
   _tile_zero(0);
   _tile_zero(1);
@@ -237,6 +246,7 @@ void amx_tile(const Problem& pb, int64_t K2_padded, int64_t panel, int64_t m0) {
     _tile_zero(3);
   }
   for (int64_t k0 = 0; k0 < pb.K2; k0 += KT) {
+    if (k0 % chunk == 0) w = panel_rows(weight, pb.K2, source_panel, k0, std::min(chunk, pb.K2 - k0), buffer) - k0 * 2 * NR;
     const uint16_t* rows = w + k0 * 2 * NR;
     if (k0 + KT > pb.K2) {  // the last step's pairs past K2 as zeros
       std::memset(tail, 0, sizeof tail);
@@ -263,38 +273,60 @@ void amx_tile(const Problem& pb, int64_t K2_padded, int64_t panel, int64_t m0) {
   }
 }
 
+const uint16_t* bf16_panel(const void* weight, int64_t K2, int64_t panel, int64_t k0, int64_t, uint16_t*) {
+  return static_cast<const uint16_t*>(weight) + (panel * K2 + k0) * 2 * NR;
+}
+#endif
+
+}  // namespace
+
+#ifdef AMITY_BF16_AMX
+namespace amity {
 // Every T on tiles: x rounded to pairs in [T up to 16s, K2 up to 16s] with zeros
-// around; tasks of one panel and 32 tokens, so that two tiles of tokens share each
-// load of the weights.
-at::Tensor tile_linear(const at::Tensor& x32, const at::Tensor& weight, bool parallel) {
-  const int64_t T = x32.size(0), K = x32.size(1), K2 = K / 2, N = weight.size(0) * NR;
+// around; tasks of one panel and up to TB tokens, 32 at a time, so that two tiles
+// of tokens share each load of the panel. `panel_rows` gives the panel's pair rows
+// (bf16_linear: pointers into the weights; block_linear.cpp: dequantized into the
+// thread's buffer), a step at a time for one pass of tokens, else the whole panel
+// once for all the task's passes.
+at::Tensor tile_linear(const at::Tensor& x32, int64_t N, const void* weight, PanelRows panel_rows, bool parallel) {
+  const int64_t T = x32.size(0), K = x32.size(1), K2 = K / 2;
   const int64_t T_padded = (T + TM - 1) / TM * TM, K2_padded = (K2 + KT - 1) / KT * KT;
   at::Tensor pairs = at::zeros({T_padded, K2_padded}, x32.options().dtype(at::kInt));
   at::Tensor out = at::empty({T, N}, x32.options());
   const float* xp = x32.data_ptr<float>();
   uint32_t* pp = reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>());
-  for (int64_t t = 0; t < T; ++t) round_token(xp + t * K, K, pp + t * K2_padded);
-  const Problem pb{pp, reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()), out.data_ptr<float>(),
-                   T, K2, N};
-  const int64_t num_panels = N / NR, token_tasks = (T_padded + 2 * TM - 1) / (2 * TM);
+  const Problem pb{pp, nullptr, out.data_ptr<float>(), T, K2, N};
+  const int64_t num_panels = N / NR, token_tasks = (T_padded + TB - 1) / TB;
 #pragma omp parallel if (parallel)
   {
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) round_token(xp + t * K, K, pp + t * K2_padded);
     const uint8_t rows[8] = {TM, TM, TM, TM, TM, TM, KT, KT};
     const uint16_t colsb[8] = {64, 64, 64, 64, KT * 4, KT * 4, 64, 64};
     amity::amx_configure(8, rows, colsb);
+    thread_local std::vector<uint16_t> buffer;  // OpenMP's threads persist: grown once, never cleared
+    if (buffer.size() < static_cast<size_t>(K2 * 2 * NR)) buffer.resize(K2 * 2 * NR);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < num_panels * token_tasks; ++task) {
-      const int64_t panel = task / token_tasks, m0 = task % token_tasks * 2 * TM;
-      if (m0 + TM < T_padded) amx_tile<2>(pb, K2_padded, panel, m0);
-      else amx_tile<1>(pb, K2_padded, panel, m0);
+      const int64_t panel = task % num_panels, first = task / num_panels * TB;
+      const int64_t last = std::min(first + TB, T_padded);
+      // One pass of tokens: the panel a step at a time (dequantized rows stay in
+      // L1); more: the whole panel once, which every pass then reads.
+      const uint16_t* whole = last - first > 2 * TM ? panel_rows(weight, K2, panel, 0, K2, buffer.data()) : nullptr;
+      const void* source = whole ? static_cast<const void*>(whole) : weight;
+      const amity::PanelRows rows = whole ? bf16_panel : panel_rows;
+      const int64_t chunk = whole ? K2 : KT, at = whole ? 0 : panel;
+      for (int64_t m0 = first; m0 < last; m0 += 2 * TM) {
+        if (m0 + TM < last) amx_tile<2>(pb, K2_padded, source, rows, at, chunk, buffer.data(), panel, m0);
+        else amx_tile<1>(pb, K2_padded, source, rows, at, chunk, buffer.data(), panel, m0);
+      }
     }
     _tile_release();
   }
   return out;
 }
+}  // namespace amity
 #endif
-
-}  // namespace
 
 // x [T, K] float32 or bfloat16; weight [N / 32, K / 2, 64] bfloat16 as above (K
 // even); bias [N] or undefined; tiles: AMX (`bf16-amx`) rather than vdpbf16ps
@@ -314,7 +346,7 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& weight, const std:
   if (tiles) {
 #ifdef AMITY_BF16_AMX
     TORCH_CHECK(amity::amx_tiles(), "amity::bf16_linear: Linux refused this process AMX's tile state");
-    out = tile_linear(x32, weight, parallel);
+    out = amity::tile_linear(x32, weight.size(0) * NR, weight.data_ptr<at::BFloat16>(), bf16_panel, parallel);
 #else
     TORCH_CHECK(false, "amity::bf16_linear: tiles need a CPU with AMX-BF16 (this build has none)");
 #endif

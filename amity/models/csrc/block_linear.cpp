@@ -49,10 +49,18 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define AMITY_BLOCK_VNNI 1
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define AMITY_BLOCK_TILES 1
+#endif
 #endif
 
 namespace amity {
 at::Tensor contiguous_as(const at::Tensor& t, at::ScalarType dtype);  // packed_linear.cpp
+bool amx_tiles();                                                     // amx.cpp
+using PanelRows = const uint16_t* (*)(const void* weight, int64_t K2, int64_t panel, int64_t k0, int64_t count,
+                                      uint16_t* buffer);
+at::Tensor tile_linear(const at::Tensor& x32, int64_t N, const void* weight, PanelRows panel_rows,
+                       bool parallel);                                // bf16_linear.cpp
 }
 using amity::contiguous_as;
 
@@ -345,7 +353,6 @@ void tile_super(const uint8_t* panel, int64_t K, const Activations& a, int64_t m
 struct Problem {
   Activations a;
   const uint8_t* weight;
-  const float* bias;  // [N] or null
   float* out;         // [T, N]
   int64_t T, K, N;
 };
@@ -368,10 +375,7 @@ void run_panel(const Problem& pb, int64_t panel) {
 #undef AMITY_TILE
       default: break;
     }
-    for (int64_t m = 0; m < count; ++m) {
-      float* out = pb.out + (m0 + m) * pb.N + panel * NR;
-      for (int64_t j = 0; j < NR; ++j) out[j] = acc[m * NR + j] + (pb.bias ? pb.bias[panel * NR + j] : 0.f);
-    }
+    for (int64_t m = 0; m < count; ++m) std::memcpy(pb.out + (m0 + m) * pb.N + panel * NR, acc + m * NR, NR * 4);
   }
 }
 
@@ -388,26 +392,74 @@ void run(const Problem& pb, bool parallel) {
       run_panel<F>(pb, panel);
 }
 
+#ifdef AMITY_BLOCK_TILES
+// Pair rows [k0, k0 + count) of a panel as bf16_linear's tiles take them: per
+// input pair, outputs 0-15 then 16-31, each (w[k], w[k + 1]) in bfloat16, with
+// w = d (q - zero) (+ m) computed in float32 (d (q - zero) is exact: a float16
+// times a small integer; Q4_1's m adds one rounding) and rounded to nearest even.
+// A quad's dword lane i holds output i's 4 inputs: its low words are pair row 2g,
+// its high words row 2g + 1.
+template <int F>
+const uint16_t* dequantize_panel(const void* weight, int64_t K2, int64_t panel, int64_t k0, int64_t count,
+                                 uint16_t* rows) {
+  using L = Layout<F>;
+  const int64_t num_blocks = count * 2 / KB;
+  const uint8_t* blocks = static_cast<const uint8_t*>(weight) + (panel * (K2 * 2 / KB) + k0 * 2 / KB) * L::block_bytes;
+  const __m512i low4 = _mm512_set1_epi8(0x0F), zero = _mm512_set1_epi32(L::zero);
+  // lane l of a vector takes output l / 2 of its eight
+  const __m512i pairs_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i pairs_hi = _mm512_add_epi32(pairs_lo, _mm512_set1_epi32(8));
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const uint8_t* block = blocks + b * L::block_bytes;
+    for (int64_t line = 0; line < L::block_bytes; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(block + L::ahead * L::block_bytes + line), _MM_HINT_T0);
+    const __m256i* scales = reinterpret_cast<const __m256i*>(block + L::scales);
+    __m512 d[2][2], m[2][2];
+    for (int h = 0; h < 2; ++h) {
+      const __m512 dh = _mm512_cvtph_ps(_mm256_loadu_si256(scales + h));
+      d[h][0] = _mm512_permutexvar_ps(pairs_lo, dh), d[h][1] = _mm512_permutexvar_ps(pairs_hi, dh);
+      const __m512 mh = F == Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256(scales + 2 + h)) : _mm512_setzero_ps();
+      m[h][0] = _mm512_permutexvar_ps(pairs_lo, mh), m[h][1] = _mm512_permutexvar_ps(pairs_hi, mh);
+    }
+    uint16_t* out = rows + b * (KB / 2) * 2 * NR;
+#pragma GCC unroll 8
+    for (int64_t g = 0; g < KB / 4; ++g) {
+      __m512i q[2];  // outputs 0-15 and 16-31
+      if constexpr (L::nibbles) {
+        const __m512i v = _mm512_loadu_si512(block + g * L::quad_bytes);
+        q[0] = _mm512_and_si512(v, low4);
+        q[1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+      } else {
+        q[0] = _mm512_loadu_si512(block + g * L::quad_bytes);
+        q[1] = _mm512_loadu_si512(block + g * L::quad_bytes + 64);
+      }
+      for (int h = 0; h < 2; ++h)
+        for (int j = 0; j < 2; ++j) {
+          const __m256i bytes = _mm512_cvtepi32_epi16(j ? _mm512_srli_epi32(q[h], 16) : q[h]);
+          __m512 w[2];
+          for (int e = 0; e < 2; ++e) {
+            const __m512i ints = _mm512_sub_epi32(_mm512_cvtepu8_epi32(e ? _mm256_extracti128_si256(bytes, 1)
+                                                                           : _mm256_castsi256_si128(bytes)), zero);
+            w[e] = F == Q4_1 ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(ints), d[h][e], m[h][e])
+                             : _mm512_mul_ps(_mm512_cvtepi32_ps(ints), d[h][e]);
+          }
+          _mm512_storeu_si512(out + (2 * g + j) * 2 * NR + h * 16 * 2, (__m512i)_mm512_cvtne2ps_pbh(w[1], w[0]));
+        }
+    }
+  }
+  return rows;
+}
+#endif
+
 }  // namespace
 
-// x [T, K] float32 or bfloat16, K a multiple of 32 (256 for K-quants); weight
-// [N / 32, K / 32, block bytes] (K-quants: [N / 32, K / 256, super-block bytes])
-// uint8 as above; format 0 (Q4_0), 1 (Q4_1), 2 (Q8_0), 3 (Q4_K) or 4 (Q6_K);
-// bias [N] or undefined. Returns [T, N] in x's dtype.
-at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t format,
-                        const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "amity::block_linear takes a 2-D CPU input");
-  TORCH_CHECK(format >= Q4_0 && format <= Q6_K, "amity::block_linear: unknown format");
-  TORCH_CHECK(weight.scalar_type() == at::kByte && weight.dim() == 3 && weight.size(2) == unit_bytes(format) &&
-                  weight.is_contiguous(),
-              "amity::block_linear: weight must be contiguous uint8 [N / 32, K / block inputs, block bytes]");
-  TORCH_CHECK(weight.size(1) * unit_inputs(format) == x.size(1), "weight and input disagree on in_features");
-  const int64_t T = x.size(0), K = x.size(1), N = weight.size(0) * NR;
-  const at::Tensor x32 = contiguous_as(x, at::kFloat);
-  const at::Tensor bias32 = bias.has_value() ? contiguous_as(*bias, at::kFloat) : at::Tensor();
-  at::Tensor x_q = at::empty({T, K}, x.options().dtype(at::kChar));
+namespace {
+// Every row on the int8 blocks above: [T, N] float32 without bias.
+at::Tensor vnni_linear(const at::Tensor& x32, const at::Tensor& weight, int64_t format) {
+  const int64_t T = x32.size(0), K = x32.size(1), N = weight.size(0) * NR;
+  at::Tensor x_q = at::empty({T, K}, x32.options().dtype(at::kChar));
   at::Tensor x_scales = at::empty({2, T, K / KB}, x32.options());
-  at::Tensor x_sums = at::empty({T, K / KB + K / 16}, x.options().dtype(at::kInt));
+  at::Tensor x_sums = at::empty({T, K / KB + K / 16}, x32.options().dtype(at::kInt));
   at::Tensor out = at::empty({T, N}, x32.options());
   const float* xp = x32.data_ptr<float>();
   int8_t* qp = x_q.data_ptr<int8_t>();
@@ -417,8 +469,7 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t f
   int32_t* hp = np + T * (K / KB);
   for (int64_t i = 0; i < T * (K / KB); ++i)
     quantize_block(xp + i * KB, qp + i * KB, dp[i], sp[i], np[i], hp + 2 * i);
-  const Problem pb{{qp, dp, sp, np, hp}, weight.data_ptr<uint8_t>(),
-                   bias32.defined() ? bias32.data_ptr<float>() : nullptr, out.data_ptr<float>(), T, K, N};
+  const Problem pb{{qp, dp, sp, np, hp}, weight.data_ptr<uint8_t>(), out.data_ptr<float>(), T, K, N};
   const bool parallel = T > 0 && weight.numel() >= (128 << 10);  // waking a thread pays past ~64 KiB each
   switch (format) {
     case Q4_0: run<Q4_0>(pb, parallel); break;
@@ -427,11 +478,67 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t f
     case Q4_K: run<Q4_K>(pb, parallel); break;
     default: run<Q6_K>(pb, parallel); break;
   }
+  return out;
+}
+
+// Every row on AMX tiles, the weights dequantized to bfloat16 a panel at a time.
+at::Tensor tiles_linear(const at::Tensor& x32, const at::Tensor& weight, int64_t format) {
+#ifdef AMITY_BLOCK_TILES
+  TORCH_CHECK(amity::amx_tiles(), "amity::block_linear: Linux refused this process AMX's tile state");
+  const amity::PanelRows rows = format == Q4_0 ? dequantize_panel<Q4_0>
+                                : format == Q4_1 ? dequantize_panel<Q4_1> : dequantize_panel<Q8_0>;
+  return amity::tile_linear(x32, weight.size(0) * NR, weight.data_ptr<uint8_t>(), rows,
+                            x32.size(0) > 0 && weight.numel() >= (128 << 10));
+#else
+  TORCH_CHECK(false, "amity::block_linear: tiles need a CPU with AMX-BF16 (this build has none)");
+#endif
+}
+}  // namespace
+
+// x [T, K] float32 or bfloat16, K a multiple of 32 (256 for K-quants); weight
+// [N / 32, K / 32, block bytes] (K-quants: [N / 32, K / 256, super-block bytes])
+// uint8 as above; format 0 (Q4_0), 1 (Q4_1), 2 (Q8_0), 3 (Q4_K) or 4 (Q6_K);
+// bias [N] or undefined; tile_rows: undefined, or bool [>= T] whose first T say
+// which rows run on tiles (Q4_0, Q4_1, Q8_0 on a CPU with AMX) rather than on the
+// int8 blocks: a row's numbers depend only on its own path (prompt_rows.py says
+// who takes which). Returns [T, N] in x's dtype.
+at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t format,
+                        const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& tile_rows) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "amity::block_linear takes a 2-D CPU input");
+  TORCH_CHECK(format >= Q4_0 && format <= Q6_K, "amity::block_linear: unknown format");
+  TORCH_CHECK(weight.scalar_type() == at::kByte && weight.dim() == 3 && weight.size(2) == unit_bytes(format) &&
+                  weight.is_contiguous(),
+              "amity::block_linear: weight must be contiguous uint8 [N / 32, K / block inputs, block bytes]");
+  TORCH_CHECK(weight.size(1) * unit_inputs(format) == x.size(1), "weight and input disagree on in_features");
+  const int64_t T = x.size(0);
+  const at::Tensor x32 = contiguous_as(x, at::kFloat);
+  const at::Tensor bias32 = bias.has_value() ? contiguous_as(*bias, at::kFloat) : at::Tensor();
+  int64_t num_tiled = 0;
+  at::Tensor tiled;
+  if (tile_rows.has_value()) {
+    TORCH_CHECK(format <= Q8_0, "amity::block_linear: tiles take Q4_0, Q4_1 and Q8_0");
+    TORCH_CHECK(tile_rows->scalar_type() == at::kBool && tile_rows->dim() == 1 && tile_rows->size(0) >= T,
+                "amity::block_linear: tile_rows must be bool [>= T]");
+    tiled = tile_rows->narrow(0, 0, T);
+    num_tiled = tiled.sum().item<int64_t>();
+  }
+  at::Tensor out;
+  if (num_tiled == 0) {
+    out = vnni_linear(x32, weight, format);
+  } else if (num_tiled == T) {
+    out = tiles_linear(x32, weight, format);
+  } else {
+    const at::Tensor on_tiles = tiled.nonzero().squeeze(1), on_blocks = tiled.logical_not().nonzero().squeeze(1);
+    out = at::empty({T, weight.size(0) * NR}, x32.options());
+    out.index_copy_(0, on_tiles, tiles_linear(x32.index_select(0, on_tiles), weight, format));
+    out.index_copy_(0, on_blocks, vnni_linear(x32.index_select(0, on_blocks), weight, format));
+  }
+  if (bias32.defined()) out.add_(bias32);
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
 TORCH_LIBRARY_FRAGMENT(amity, m) {
-  m.def("block_linear(Tensor x, Tensor weight, int format, Tensor? bias) -> Tensor");
+  m.def("block_linear(Tensor x, Tensor weight, int format, Tensor? bias, Tensor? tile_rows=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(amity, CPU, m) {
