@@ -68,6 +68,15 @@ class EngineConfig:
         "the accuracy cost of each is measured in benchmarks/README.md.",
         choices=("auto", "none", "bf16", "bf16-amx", "bf16-weight", "int8", "int8-weight", "int4"),
     )
+    prompt_tiles: str = _opt(
+        "auto",
+        "auto: on a CPU with AMX, the prompt tokens of Q4_0, Q4_1 and Q8_0 layers (not the LM "
+        "head) run on AMX tiles, their weights dequantized to bfloat16 (prefills 1.5-2x faster), "
+        "while generated tokens keep the int8 blocks, which stream one token's weights faster; "
+        "a token's path is fixed by its position, so batching still changes nothing. off: every "
+        "token on the int8 blocks (as on CPUs without AMX).",
+        choices=("auto", "off"),
+    )
     compile: str = _opt(
         "auto",
         "Run the decoder layers through torch.compile (inductor): fused elementwise ops, "

@@ -14,9 +14,11 @@ every layer's inputs to be a multiple of 256, which SmolLM2's 576 is not:
 
     .venv/bin/python benchmarks/linear_kernels.py --shapes qwen3-0.6b --layers 8 \
         --schemes bf16 Q8_0 Q6_K Q4_0 Q4_K --tokens 1 8 32
-On a CPU with AMX, `bf16-amx` is the `bf16` scheme on tiles:
+On a CPU with AMX, `bf16-amx` is the `bf16` scheme on tiles, and `Q4_1+tiles` (also
+`Q4_0+tiles`, `Q8_0+tiles`) the block kernel with every token a prompt token, which
+`--prompt-tiles auto` runs on tiles (models/prompt_rows.py):
 
-    .venv/bin/python benchmarks/linear_kernels.py --schemes bf16 bf16-amx Q4_1 --tokens 1 8 32 128
+    .venv/bin/python benchmarks/linear_kernels.py --schemes bf16 bf16-amx Q4_1 Q4_1+tiles --tokens 1 8 32 128
 
 The schemes take turns, one pass each per round (A, B, A, B ...), so that a drift
 of a shared machine does not decide a ratio; each figure is the median over the
@@ -35,6 +37,7 @@ from torch import nn
 
 from amity.models.cpu_kernels import load_cpu_kernels
 from amity.models.k_quants import SUB_BLOCK
+from amity.models.prompt_rows import PromptRows
 from amity.models.quantization import BLOCK_FORMATS, file_block_layer, quantize_model
 
 # (out, in) of each layer's matmuls, q/k/v and gate/up one matmul each (MergedLinear), and
@@ -59,9 +62,15 @@ def _file_rows(scheme: str, weight: torch.Tensor) -> torch.Tensor:
 
 def build(scheme: str, shapes: list[tuple[int, int]]) -> list[tuple[nn.Module, int]]:
     linears = [nn.Linear(k, n, bias=False) for n, k in shapes]
-    if scheme in BLOCK_FORMATS:
-        layers = [file_block_layer(linear, scheme, [_file_rows(scheme, linear.weight.detach())])
+    kind, _, tiles = scheme.partition("+")
+    if kind in BLOCK_FORMATS:
+        layers = [file_block_layer(linear, kind, [_file_rows(kind, linear.weight.detach())])
                   for linear in linears]
+        if tiles:  # every token as a prompt token
+            rows = PromptRows()
+            rows.set_step(torch.ones(8192, dtype=torch.bool))
+            for layer in layers:
+                layer.prompt_rows = rows
     else:
         layers = list(quantize_model(nn.ModuleList(linears), scheme, torch.device("cpu")))
     return [(layer, k) for layer, (_, k) in zip(layers, shapes)]

@@ -24,6 +24,7 @@ from amity.engine.pooler import Pooler
 from amity.models.loader import LoadedModel, default_model_path, load_model
 from amity.models.pooling import Pooling
 from amity.models.pooling_loader import load_pooling_model
+from amity.models.prompt_rows import resolve_prompt_tiles
 from amity.models.quantization import quantize_model, resolve_scheme
 from amity.models.task import detect_task
 from amity.models.tokenizer import Tokenizer
@@ -65,6 +66,7 @@ def load_engine_model(config: EngineConfig, dtype: torch.dtype, device: torch.de
         raise FileNotFoundError(f"model path {path} does not exist")
     detected = detect_task(path)
     scheme = resolve_scheme(config.quantization, config.dtype)
+    prompt_tiles = resolve_prompt_tiles(config.prompt_tiles, device)
     task = config.task or detected
     if task == "generate" and detected != "generate":
         raise ValueError(f"{path} is an {detected} model; it cannot generate text (--task {detected})")
@@ -74,7 +76,7 @@ def load_engine_model(config: EngineConfig, dtype: torch.dtype, device: torch.de
         loaded = load_model(path, dtype, device)
         if before_quantize is not None:
             before_quantize(loaded.model)
-        loaded.model = quantize_model(loaded.model, scheme, device, loaded.file_weights)
+        loaded.model = quantize_model(loaded.model, scheme, device, loaded.file_weights, prompt_tiles)
         return EngineModel.generative(loaded, task)
     loaded = load_pooling_model(path, dtype, device, task)
     if before_quantize is not None:
@@ -82,7 +84,7 @@ def load_engine_model(config: EngineConfig, dtype: torch.dtype, device: torch.de
             raise ValueError(f"{path} is an encoder; LoRA adapters serve decoders here (causal LMs and "
                              "decoder classifiers)")
         before_quantize(loaded.model.network)  # a decoder classifier: its body as a causal LM's
-    model = quantize_model(loaded.model, scheme, device)
+    model = quantize_model(loaded.model, scheme, device, prompt_tiles=prompt_tiles)
     network = model.network
     head = network.logits if model.labels is not None else None
     return EngineModel(network, loaded.config, loaded.tokenizer, loaded.path, task,

@@ -78,9 +78,13 @@ class BlockPool:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
+                 prompt_rows_differ: bool = False):
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        # Prompt and generated tokens computed apart (models/prompt_rows.py): a block
+        # holding generated tokens is not the block a prompt of the same tokens makes.
+        self.prompt_rows_differ = prompt_rows_differ
         self.pool = BlockPool(num_blocks)
         self.num_lookups = 0  # prompt tokens looked up in the cache
         self.num_hits = 0  # of which found
@@ -93,6 +97,9 @@ class KVCacheManager:
         while len(hashes) < num_blocks:
             i = len(hashes)
             chunk = tokens[i * self.block_size:(i + 1) * self.block_size]
+            prompt_in_block = request.num_prompt_tokens - i * self.block_size
+            if self.prompt_rows_differ and prompt_in_block < self.block_size:
+                chunk = chunk + [-1 - max(prompt_in_block, 0)]  # where the prompt ends; ids are >= 0
             # The first block's parent is the adapter's key: adapters never share blocks.
             hashes.append(block_hash(hashes[-1] if hashes else request.adapter_cache_key, chunk))
         return hashes

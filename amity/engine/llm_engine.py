@@ -43,6 +43,7 @@ from amity.models.dtype import prepare_device, resolve_kv_cache_dtype
 from amity.models.loader import LoadedModel
 from amity.models.lora import apply_lora
 from amity.models.peft_adapter import AdapterError, LoraAdapter
+from amity.models.prompt_rows import find_prompt_rows, resolve_prompt_tiles
 from amity.models.quantization import quantize_model, resolve_scheme
 
 logger = logging.getLogger("amity.engine")
@@ -63,6 +64,7 @@ class LLMEngine:
         self.config = config
         self.device, self.dtype = prepare_device(config.device, config.dtype, config.num_threads)
         self.quantization = resolve_scheme(config.quantization, config.dtype)
+        self.prompt_tiles = resolve_prompt_tiles(config.prompt_tiles, self.device)
         # LoRA wraps the loaded nn.Linears; quantization then replaces the base inside.
         self.lora: LoraManager | None = None
         wrap_lora = None
@@ -74,7 +76,7 @@ class LLMEngine:
             if wrap_lora:
                 wrap_lora(loaded.model)
             loaded.model = quantize_model(loaded.model, self.quantization, self.device,
-                                          loaded.file_weights)
+                                          loaded.file_weights, self.prompt_tiles)
             served = EngineModel.generative(loaded)
         else:
             served = load_engine_model(config, self.dtype, self.device, wrap_lora)
@@ -146,11 +148,13 @@ class LLMEngine:
         # input and guards one tensor instead of 2 x num_layers.
         self.kv_cache = torch.zeros((num_layers, 2, self.num_blocks, self.block_size, num_kv_heads, head_dim),
                                     dtype=self.kv_cache_dtype, device=self.device)
-        self.kv = KVCacheManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
+        prompt_rows = find_prompt_rows(self.model)
+        self.kv = KVCacheManager(self.num_blocks, self.block_size, config.enable_prefix_caching,
+                                 prompt_rows_differ=prompt_rows is not None)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         batch = InputBatch(config.max_num_seqs, self.max_model_len, self.block_size)
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_size, self.device, self.dtype,
-                                  batch, self.lora.slots if self.lora else None)
+                                  batch, self.lora.slots if self.lora else None, prompt_rows)
         logger.info("engine: %s (%s) on %s (%s), %d KV blocks of %d tokens (%s), context %d",
                     self.model_path.name, self.task, self.device, self.dtype, self.num_blocks,
                     self.block_size, self.kv_cache_dtype, self.max_model_len)

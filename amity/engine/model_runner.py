@@ -19,6 +19,7 @@ from amity.engine.request import Request
 from amity.engine.scheduler import SchedulerOutput
 from amity.models.attention import AttentionMetadata
 from amity.models.lora import LoraSlots
+from amity.models.prompt_rows import PromptRows
 
 
 @dataclass
@@ -33,6 +34,7 @@ class StepInputs:
     pooled_indices: torch.Tensor  # [P] rows of the flat batch that pooling requests read
     pooled_rows: list[tuple[Request, int]]  # (pooling request, how many of those rows), in order
     adapter_slots: torch.Tensor | None  # [T] each token's LoRA slot (-1: base); None without LoRA
+    prompt_rows: torch.Tensor | None  # [T] bool: tokens at prompt positions; None unless the model asks
 
 
 @dataclass
@@ -46,13 +48,14 @@ class StepResult:
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_cache: torch.Tensor,
                  block_size: int, device: torch.device, dtype: torch.dtype, batch: InputBatch,
-                 lora: LoraSlots | None = None):
+                 lora: LoraSlots | None = None, prompt_rows: PromptRows | None = None):
         self.model = model
         self.batch = batch
         # The decoder stack: the model itself, or its compiled forward (compilation.py),
         # swapped in between two steps.
         self.forward = model
         self.lora = lora
+        self.prompt_rows = prompt_rows
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.device = device
@@ -111,6 +114,10 @@ class ModelRunner:
         if self.lora:
             slots = np.fromiter((r.adapter_slot for r in requests), np.int64, num_seqs)
             adapter_slots = torch.from_numpy(np.repeat(slots, counts)).to(dev)
+        prompt_rows = None
+        if self.prompt_rows is not None:
+            prompt_lens = np.fromiter((r.num_prompt_tokens for r in requests), np.int64, num_seqs)
+            prompt_rows = torch.from_numpy(positions < prompt_lens[seq_of_token])
         return StepInputs(
             input_ids=torch.from_numpy(input_ids).to(dev),
             positions=torch.from_numpy(positions).to(dev),
@@ -122,6 +129,7 @@ class ModelRunner:
             pooled_indices=torch.tensor(pooled_indices, dtype=torch.long, device=dev),
             pooled_rows=pooled_rows,
             adapter_slots=adapter_slots,
+            prompt_rows=prompt_rows,
         )
 
     @torch.inference_mode()
@@ -132,6 +140,8 @@ class ModelRunner:
             embeds = embeds.index_copy(0, inputs.replaced_indices, inputs.replaced_vectors)
         if self.lora is not None:
             self.lora.set_step(inputs.adapter_slots)
+        if self.prompt_rows is not None:
+            self.prompt_rows.set_step(inputs.prompt_rows)
         hidden = self.forward(embeds, inputs.positions, self.kv_cache, inputs.attn)
         logits = None
         if inputs.logit_rows:

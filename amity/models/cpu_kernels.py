@@ -101,7 +101,7 @@ def load_cpu_kernels() -> None:
         return x.new_empty(x.shape[0], weight_packed.shape[0] * weight_packed.shape[2])
 
     @torch.library.register_fake("amity::block_linear")
-    def _(x, weight_packed, format, bias):
+    def _(x, weight_packed, format, bias, tile_rows=None):
         return x.new_empty(x.shape[0], weight_packed.shape[0] * 32)  # panels of 32 outputs
 
     @torch.library.register_fake("amity::bf16_linear")

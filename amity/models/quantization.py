@@ -78,6 +78,7 @@ from amity.models.cpu_kernels import cpu_has, cpu_has_amx_bf16, load_cpu_kernels
 from amity.models.file_weights import FileWeight
 from amity.models.k_quants import SUB_BLOCK, SUPER_BLOCK, KQuantBlocks, k_quant_blocks
 from amity.models.llama import MergedLinear
+from amity.models.prompt_rows import TILE_KINDS, PromptRows
 
 logger = logging.getLogger(__name__)
 
@@ -245,6 +246,7 @@ class BlockLinear(_PanelLinear):
     def __init__(self, linear: nn.Linear, kind: str, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None):
         super().__init__(linear)
         self.format = BLOCK_FORMATS[kind]
+        self.prompt_rows: PromptRows | None = None  # set by quantize_model under --prompt-tiles
         in_features = q.shape[1]
         if in_features % Q4_1_BLOCK:
             raise ValueError(f"{kind} needs in_features divisible by {Q4_1_BLOCK}, got {in_features}")
@@ -254,7 +256,8 @@ class BlockLinear(_PanelLinear):
         self.register_buffer("weight_packed", torch.cat(parts, dim=-1).contiguous())
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.amity.block_linear(x, self.weight_packed, self.format, self.bias)
+        tile_rows = self.prompt_rows.mask if self.prompt_rows is not None else None
+        return torch.ops.amity.block_linear(x, self.weight_packed, self.format, self.bias, tile_rows)
 
 
 def _six_bit_tops(tops: torch.Tensor) -> torch.Tensor:
@@ -416,11 +419,13 @@ def _checkpoint_names(model: nn.Module) -> dict[int, list[str]]:
 
 
 def quantize_model(model: nn.Module, scheme: str, device: torch.device,
-                   file_weights: dict[str, FileWeight] | None = None) -> nn.Module:
+                   file_weights: dict[str, FileWeight] | None = None, prompt_tiles: bool = False) -> nn.Module:
     """Replace every `nn.Linear` of `model` (the LM head included, in int8 for
     `int4`) by its CPU layer, in place; the token embedding stays as loaded. `auto`
     picks each layer by how the file stores its weight (`file_weights`, from the
-    loader; without one, `none`). On a GPU, `none` and `auto` keep the `nn.Linear`s."""
+    loader; without one, `none`). On a GPU, `none` and `auto` keep the `nn.Linear`s.
+    `prompt_tiles`: Q4_0 / Q4_1 / Q8_0 layers but the LM head run prompt tokens on
+    AMX tiles (prompt_rows.py; the caller checks that the CPU has them)."""
     if scheme not in SCHEMES:
         raise ValueError(f"quantization {scheme!r} is not one of {list(SCHEMES)}")
     if device.type != "cpu":
@@ -432,8 +437,9 @@ def quantize_model(model: nn.Module, scheme: str, device: torch.device,
     # loaded model) finds its layers in place: fine if the scheme is the same.
     done = getattr(model, "amity_linear_scheme", None)
     if done is not None:
-        if done != scheme:
-            raise ValueError(f"this model's linear layers are already {done!r}; load it again for {scheme!r}")
+        if (done, model.amity_prompt_tiles) != (scheme, prompt_tiles):
+            raise ValueError(f"this model's linear layers are already {done!r} (prompt tiles: "
+                             f"{model.amity_prompt_tiles}); load it again for {scheme!r} ({prompt_tiles})")
         return model
     lm_head = getattr(model, "lm_head", None)
     names = _checkpoint_names(model) if scheme == "auto" else {}
@@ -448,5 +454,11 @@ def quantize_model(model: nn.Module, scheme: str, device: torch.device,
                 make = _LM_HEAD_LAYERS.get(scheme, _LAYERS[scheme]) if child is lm_head else _LAYERS[scheme]
                 layer = make(child)
             setattr(parent, name, layer)
-    model.amity_linear_scheme = scheme
+    if prompt_tiles:
+        rows, tile_formats = PromptRows(), {BLOCK_FORMATS[kind] for kind in TILE_KINDS}
+        for module in model.modules():
+            if isinstance(module, BlockLinear) and module.format in tile_formats and \
+                    module is not getattr(model, "lm_head", None):
+                module.prompt_rows = rows
+    model.amity_linear_scheme, model.amity_prompt_tiles = scheme, prompt_tiles
     return model

@@ -8,12 +8,13 @@ import torch
 from amity.engine.input_batch import InputBatch
 from amity.engine.model_runner import ModelRunner
 from amity.engine.scheduler import SchedulerOutput
+from amity.models.prompt_rows import PromptRows
 from tests.engine.test_scheduler import BS, Sim, req
 
 
 def fresh(plan: SchedulerOutput) -> dict[str, list]:
     """The step's tensors as plain lists, from the requests' state alone."""
-    ids, positions, slots, tables, query_start, context_lens, logit_flat = [], [], [], [], [0], [], []
+    ids, positions, slots, tables, query_start, context_lens, logit_flat, prompt_rows = [], [], [], [], [0], [], [], []
     for s in plan.scheduled:
         r, start, n = s.request, s.start_position, s.num_new_tokens
         flat_start = len(ids)
@@ -24,17 +25,20 @@ def fresh(plan: SchedulerOutput) -> dict[str, list]:
         query_start.append(flat_start + n)
         context_lens.append(start + n)
         logit_flat += [flat_start + p - start for p in range(max(start, r.first_logit_position), start + n)]
+        prompt_rows += [p < r.num_prompt_tokens for p in range(start, start + n)]
     width = max(len(t) for t in tables)
     return {"input_ids": ids, "positions": positions, "slot_mapping": slots,
             "block_tables": [t + [0] * (width - len(t)) for t in tables],
-            "query_start": query_start, "context_lens": context_lens, "logits_indices": logit_flat}
+            "query_start": query_start, "context_lens": context_lens, "logits_indices": logit_flat,
+            "prompt_rows": prompt_rows}
 
 
 class CheckedSim(Sim):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         batch = InputBatch(self.sched.max_num_seqs, max_model_len=128, block_size=BS)
-        self.runner = ModelRunner(None, torch.empty(0), BS, torch.device("cpu"), torch.float32, batch)
+        self.runner = ModelRunner(None, torch.empty(0), BS, torch.device("cpu"), torch.float32, batch,
+                                  prompt_rows=PromptRows())
         self.steps_checked = 0
 
     def check(self, plan: SchedulerOutput) -> None:
@@ -45,9 +49,9 @@ class CheckedSim(Sim):
         gathered = {"input_ids": got.input_ids, "positions": got.positions,
                     "slot_mapping": got.attn.slot_mapping, "block_tables": got.attn.block_tables,
                     "query_start": got.attn.query_start, "context_lens": got.attn.context_lens,
-                    "logits_indices": got.logits_indices}
+                    "logits_indices": got.logits_indices, "prompt_rows": got.prompt_rows}
         for name, want in fresh(plan).items():
-            assert gathered[name].dtype == torch.long, name
+            assert gathered[name].dtype == (torch.bool if name == "prompt_rows" else torch.long), name
             assert gathered[name].tolist() == want, name
         self.steps_checked += 1
 

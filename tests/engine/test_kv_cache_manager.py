@@ -261,3 +261,33 @@ def test_a_decode_step_publishes_only_the_blocks_that_filled():
     kv.free(r)
     compute(kv, r)  # readmitted from its cached blocks: offered again, harmlessly
     assert offered[10:] == r.block_table[:10] and r.num_cached_tokens == 36
+
+
+def test_with_prompt_rows_a_block_of_generated_tokens_is_not_a_prompt_block():
+    # models/prompt_rows.py: prompt and generated tokens may be computed apart, so a
+    # block that holds generated tokens must not serve a prompt of the same tokens.
+    kv = KVCacheManager(16, BS, enable_prefix_caching=True, prompt_rows_differ=True)
+    first = req("first", [1, 2, 3, 4, 5, 6])
+    compute(kv, first)
+    for token in (7, 8, 9):  # generated: the second block fills with 5, 6 | 7, 8
+        first.append_output(token)
+    first.num_computed_tokens = first.num_tokens - 1
+    kv.allocate(first, first.num_tokens)
+    kv.cache_full_blocks(first)
+    # A follow-up whose prompt is all of that: only the all-prompt block is reused.
+    follow_up = req("follow-up", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    assert kv.find_cached_blocks(follow_up) == first.block_table[:1]
+    # The same request again (prompt 1-6, the same outputs) shares both.
+    again = req("again", [1, 2, 3, 4, 5, 6])
+    again.block_hashes.extend(first.block_hashes)
+    assert first.block_hashes[1] != follow_up.block_hashes[1] if len(follow_up.block_hashes) > 1 else True
+    # Without prompt rows (every token computed alike), the follow-up takes both blocks.
+    plain = KVCacheManager(16, BS, enable_prefix_caching=True)
+    first = req("first", [1, 2, 3, 4, 5, 6])
+    compute(plain, first)
+    for token in (7, 8, 9):
+        first.append_output(token)
+    first.num_computed_tokens = first.num_tokens - 1
+    plain.allocate(first, first.num_tokens)
+    plain.cache_full_blocks(first)
+    assert plain.find_cached_blocks(req("follow-up", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])) == first.block_table[:2]

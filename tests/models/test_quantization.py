@@ -256,3 +256,110 @@ def test_bf16_amx_is_refused_on_a_cpu_without_amx(monkeypatch):
     monkeypatch.setattr(quantization, "cpu_has_amx_bf16", lambda: False)
     with pytest.raises(ValueError, match="needs a CPU with AMX"):
         quantize_model(nn.Sequential(nn.Linear(64, 32)), "bf16-amx", torch.device("cpu"))
+
+
+AMX = pytest.mark.skipif(not cpu_has_amx_bf16(), reason="no AMX-BF16")
+
+
+def _block_layer(kind: str, out_features: int, in_features: int) -> tuple[BlockLinear, nn.Linear]:
+    """A block layer of `kind` and an nn.Linear of exactly its weights, rounded to
+    bfloat16 as the tiles compute with them: d (q - zero) (+ m), one float32 rounding."""
+    linear = _linear(out_features, in_features, torch.randn(out_features, in_features) * 0.05)
+    if kind == "Q4_1":
+        q, d, m = q4_1_blocks(linear.weight.detach())
+    else:  # the file's stored q: Q4_0's 0-15 (zero 8), Q8_0's q + 128
+        q = torch.randint(0, 16 if kind == "Q4_0" else 256, (out_features, in_features), dtype=torch.uint8)
+        d, m = (torch.rand(out_features, in_features // 32) * 0.01 + 1e-4).half(), None
+    zero = {"Q4_0": 8, "Q4_1": 0, "Q8_0": 128}[kind]
+    weight = d.float().repeat_interleave(32, 1) * (q.float() - zero)
+    if m is not None:
+        weight = weight + m.float().repeat_interleave(32, 1)
+    dequantized = _linear(out_features, in_features, weight.bfloat16().float())
+    with torch.no_grad():
+        dequantized.bias.copy_(linear.bias)
+    return BlockLinear(linear, kind, q, d, m), dequantized
+
+
+@AMX
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
+def test_prompt_rows_are_bf16_tiles_of_the_dequantized_weights_and_batch_invariant(kind):
+    from amity.models.prompt_rows import PromptRows
+    from amity.models.quantization import Bf16Linear
+
+    load_cpu_kernels()
+    torch.manual_seed(0)
+    layer, dequantized = _block_layer(kind, 70, 96)
+    tiles = Bf16Linear(dequantized, tiles=True)
+    rows = PromptRows(capacity=4)  # grows for the 600-token step below
+    layer.prompt_rows = rows
+    # 1-16 tokens: one tile of tokens, the panel a step at a time; 17-32: two; more:
+    # the panel dequantized once per task of up to 512 tokens, 32 tokens a pass.
+    for num_tokens in (1, 5, 16, 17, 33, 40, 600):
+        x = torch.randn(num_tokens, 96)
+        on_tiles = torch.rand(num_tokens) < 0.5
+        on_tiles[0] = True
+        rows.set_step(on_tiles)
+        got = layer(x)
+        want_tiles = tiles(x)
+        layer.prompt_rows = None
+        want_blocks = layer(x)
+        layer.prompt_rows = rows
+        assert torch.equal(got[on_tiles], want_tiles[on_tiles]), num_tokens
+        assert torch.equal(got[~on_tiles], want_blocks[~on_tiles]), num_tokens
+        assert not torch.equal(want_tiles[0], want_blocks[0])  # two paths, two roundings
+        for i in range(0, num_tokens, max(1, num_tokens // 7)):
+            rows.set_step(on_tiles[i:i + 1])
+            assert torch.equal(layer(x[i:i + 1]), got[i:i + 1]), (num_tokens, i)
+    rows.set_step(torch.ones(1, dtype=torch.bool))
+    assert layer(torch.randn(0, 96)).shape == (0, 70)
+
+
+@AMX
+def test_prompt_tiles_change_nothing_by_batch_chunk_cache_or_preemption(tiny_model_factory):
+    from amity.engine.request import RequestStatus
+    from amity.models.prompt_rows import find_prompt_rows
+
+    path = tiny_model_factory("llama")
+
+    def engine(**overrides) -> LLMEngine:
+        config = dict(model=str(path), dtype="float32", kv_cache_memory="16MiB", block_size=4,
+                      quantization="int4", num_threads=1) | overrides
+        return LLMEngine(EngineConfig(**config))
+
+    reference = engine(enable_prefix_caching=False)
+    assert find_prompt_rows(reference.model) is not None
+    assert find_prompt_rows(engine(prompt_tiles="off", enable_prefix_caching=False).model) is None
+    params = SamplingParams(temperature=0.0, max_tokens=12, eos_token=[], logprobs=0)
+    prompts = [[5, 6, 7, 8, 9], [10, 11], list(range(12, 41)), list(range(50, 63))]
+
+    def alone(prompt):
+        return reference.generate([prompt], params)[0].ordered_choices[0]
+
+    def tokens(outputs):
+        return [o.ordered_choices[0].token_ids for o in outputs]
+
+    expected = [alone(p).token_ids for p in prompts]
+    # Batched, and prompts chunked across steps (8 tokens a step).
+    assert tokens(engine(max_num_batched_tokens=8).generate(prompts, params)) == expected
+    # A follow-up turn whose prompt holds the first answer: its blocks are computed
+    # again as prompt, never taken from the first request's generated ones.
+    cached = engine()
+    first = cached.generate([prompts[2]], params)[0].ordered_choices[0]
+    follow_up = prompts[2] + first.token_ids + [7, 8, 9]
+    (out,) = cached.generate([follow_up], params)
+    assert out.num_cached_tokens == len(prompts[2]) // 4 * 4
+    assert out.ordered_choices[0].token_ids == alone(follow_up).token_ids
+    # A pool too small for all four: preempted requests recompute their outputs on
+    # the blocks' path, not the prompt's.
+    small = engine(kv_cache_memory=str(14 * 2048), max_num_batched_tokens=16)  # 14 blocks of 2 KiB
+    preempted = set()
+    for i, p in enumerate(prompts):
+        small.add_request(f"r{i}", p, params)
+    got = {f"r{i}": [] for i in range(len(prompts))}
+    while small.has_unfinished_requests():
+        for o in small.step():
+            for c in o.outputs:
+                got[o.request_id].extend(c.new_token_ids)
+        preempted.update(r.request_id for r in small.scheduler.waiting if r.status is RequestStatus.PREEMPTED)
+    assert small.num_blocks == 14 and preempted, "the pool is too small for all four: something must be preempted"
+    assert [got[f"r{i}"] for i in range(len(prompts))] == expected
