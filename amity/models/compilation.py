@@ -32,20 +32,37 @@ about 8 us a step to check; each stands for a real change that needs another gra
 so none is filtered.
 
 The embedding and the LM head stay eager: they are one op each.
+
+Inductor keys what it caches by the graph's code, not by the schemas of the ops the
+graph calls: an artifact built against another build of our kernels (an op that
+gained an argument) calls them as that build did, and crashed the process. So each
+build of the kernels (cpu_kernels.build_digest) has its own cache directory inside
+inductor's.
 """
 
 import itertools
 import logging
+import os
 import types
 
 import torch
 from torch._dynamo.decorators import mark_unbacked, maybe_mark_dynamic
 
 from amity.models.attention import AttentionMetadata
+from amity.models.cpu_kernels import build_digest
 from amity.models.inductor_storage_offset import register_sym_storage_offset_lowering
 
 logger = logging.getLogger("amity.engine")
 _model_keys = itertools.count()
+
+
+def _cache_for_these_kernels() -> None:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    leaf = f"amity-kernels-{build_digest()}"
+    current = cache_dir()  # TORCHINDUCTOR_CACHE_DIR or inductor's default, made absolute
+    if os.path.basename(current) != leaf:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(current, leaf)
 
 
 def _forward(forward, inputs_embeds, positions, kv_cache, meta):
@@ -64,6 +81,7 @@ class CompiledForward:
         # `_forward`'s code object.
         code = _forward.__code__.replace(co_name=f"amity_forward_{next(_model_keys)}")
         register_sym_storage_offset_lowering()  # the KV cache's per-layer views need it
+        _cache_for_these_kernels()
         self._forward = forward
         self._marked_cache = None
         self._compiled = torch.compile(

@@ -47,7 +47,8 @@ def cpu_has_amx_bf16() -> bool:
     return cpu_has("amx_tile") and cpu_has("amx_bf16")
 
 
-def _build_digest() -> str:
+@functools.cache
+def build_digest() -> str:
     """This CPU's flags and the sources: a build of other sources (another checkout
     sharing the cache) gets its own name instead of rebuilding this one's."""
     digest = hashlib.sha1((platform.machine() + _cpu_flags()).encode())
@@ -87,7 +88,7 @@ def load_cpu_kernels() -> None:
     if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     logger.info("loading amity's CPU kernels (the first start on a machine compiles them)")
-    digest = _build_digest()
+    digest = build_digest()
     load(name=f"amity_cpu_kernels_{digest}", sources=_sources_at_one_path(digest),
          extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
          is_python_module=False)
