@@ -45,6 +45,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
@@ -513,25 +514,30 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t f
   const int64_t T = x.size(0);
   const at::Tensor x32 = contiguous_as(x, at::kFloat);
   const at::Tensor bias32 = bias.has_value() ? contiguous_as(*bias, at::kFloat) : at::Tensor();
-  int64_t num_tiled = 0;
-  at::Tensor tiled;
+  // Counted here, not by torch ops: a decode step calls this for every layer with
+  // no row on tiles, and each op's dispatch would cost more than the count.
+  std::vector<int64_t> on_tiles, on_blocks;
   if (tile_rows.has_value()) {
     TORCH_CHECK(format <= Q8_0, "amity::block_linear: tiles take Q4_0, Q4_1 and Q8_0");
-    TORCH_CHECK(tile_rows->scalar_type() == at::kBool && tile_rows->dim() == 1 && tile_rows->size(0) >= T,
-                "amity::block_linear: tile_rows must be bool [>= T]");
-    tiled = tile_rows->narrow(0, 0, T);
-    num_tiled = tiled.sum().item<int64_t>();
+    TORCH_CHECK(tile_rows->scalar_type() == at::kBool && tile_rows->dim() == 1 && tile_rows->size(0) >= T &&
+                    tile_rows->is_contiguous(),
+                "amity::block_linear: tile_rows must be contiguous bool [>= T]");
+    const bool* tiled = tile_rows->data_ptr<bool>();
+    for (int64_t t = 0; t < T; ++t) (tiled[t] ? on_tiles : on_blocks).push_back(t);
   }
   at::Tensor out;
-  if (num_tiled == 0) {
+  if (on_tiles.empty()) {
     out = vnni_linear(x32, weight, format);
-  } else if (num_tiled == T) {
+  } else if (on_blocks.empty()) {
     out = tiles_linear(x32, weight, format);
   } else {
-    const at::Tensor on_tiles = tiled.nonzero().squeeze(1), on_blocks = tiled.logical_not().nonzero().squeeze(1);
+    const auto index = [&](std::vector<int64_t>& rows) {
+      return at::from_blob(rows.data(), {static_cast<int64_t>(rows.size())}, at::kLong);
+    };
+    const at::Tensor tiles_rows = index(on_tiles), blocks_rows = index(on_blocks);
     out = at::empty({T, weight.size(0) * NR}, x32.options());
-    out.index_copy_(0, on_tiles, tiles_linear(x32.index_select(0, on_tiles), weight, format));
-    out.index_copy_(0, on_blocks, vnni_linear(x32.index_select(0, on_blocks), weight, format));
+    out.index_copy_(0, tiles_rows, tiles_linear(x32.index_select(0, tiles_rows), weight, format));
+    out.index_copy_(0, blocks_rows, vnni_linear(x32.index_select(0, blocks_rows), weight, format));
   }
   if (bias32.defined()) out.add_(bias32);
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
