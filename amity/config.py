@@ -69,13 +69,14 @@ class EngineConfig:
         choices=("auto", "none", "bf16", "bf16-amx", "bf16-weight", "int8", "int8-weight", "int4"),
     )
     prompt_tiles: str = _opt(
-        "auto",
-        "auto: on a CPU with AMX, the prompt tokens of Q4_0, Q4_1 and Q8_0 layers (not the LM "
-        "head) run on AMX tiles, their weights dequantized to bfloat16 (prefills 1.5-2x faster), "
-        "while generated tokens keep the int8 blocks, which stream one token's weights faster; "
-        "a token's path is fixed by its position, so batching still changes nothing. off: every "
-        "token on the int8 blocks (as on CPUs without AMX).",
-        choices=("auto", "off"),
+        "off",
+        "off: every token of Q4_0, Q4_1 and Q8_0 layers on the int8 blocks. auto: on a CPU with "
+        "AMX, their prompt tokens (not the LM head's) run on AMX tiles, the weights dequantized "
+        "to bfloat16 (prefills 1.3-1.5x faster, first tokens sooner), generated tokens keep the "
+        "int8 blocks; a token's path is fixed by its position, so batching still changes "
+        "nothing. Not the default: served side by side it lost 2-6% of throughput "
+        "(benchmarks/README.md, session 14).",
+        choices=("off", "auto"),
     )
     compile: str = _opt(
         "auto",

@@ -6,12 +6,17 @@ argmax agrees. Prints one JSON line per scheme and text.
     .venv/bin/python benchmarks/accuracy.py --schemes auto bf16 bf16-weight int4
 
 `auto` is what the server runs by default (on the default model: its Q4_1 and Q8_0
-blocks, with a bfloat16 KV cache); `--dtype` and `--kv-cache-dtype` apply to the
-schemes, the reference is always float32 throughout.
+blocks); `--dtype`, `--kv-cache-dtype` and `--prompt-tiles` apply to the schemes, the
+reference is always float32 throughout. Every position here is a prompt position, so
+on a CPU with AMX `--prompt-tiles auto` measures the block layers' tiles path (what
+prompts get) and `off` their int8 blocks (what generated tokens get):
+
+    .venv/bin/python benchmarks/accuracy.py --schemes auto --prompt-tiles auto off
 """
 
 import argparse
 import copy
+import itertools
 import json
 from pathlib import Path
 
@@ -35,6 +40,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=700)
     parser.add_argument("--kv-cache-dtype", nargs="+", default=["auto"],
                         help="each scheme runs once per KV cache dtype listed (auto, float32, bfloat16)")
+    parser.add_argument("--prompt-tiles", nargs="+", default=["auto"], help="and once per setting listed")
     args = parser.parse_args()
     loaded = load_model(args.model, torch.float32, torch.device("cpu"))
     texts = {name: loaded.tokenizer.encode(path.read_text())[:args.tokens]
@@ -42,17 +48,18 @@ def main() -> None:
     config = dict(model=args.model, kv_cache_memory="256MiB", max_num_batched_tokens=4096)
     reference_engine = LLMEngine(EngineConfig(dtype="float32", **config), copy.deepcopy(loaded))
     references = {name: engine_logits(reference_engine, ids).log_softmax(-1) for name, ids in texts.items()}
-    for scheme in args.schemes:
-        for kv_cache_dtype in args.kv_cache_dtype:
-            engine = LLMEngine(EngineConfig(dtype=args.dtype, quantization=scheme, kv_cache_dtype=kv_cache_dtype,
-                                            **config), copy.deepcopy(loaded))
-            for name, ids in texts.items():
-                reference, logprobs = references[name], engine_logits(engine, ids).float().log_softmax(-1)
-                kl = (reference.exp() * (reference - logprobs)).sum(-1).mean().item()
-                agree = (reference.argmax(-1) == logprobs.argmax(-1)).float().mean().item()
-                print(json.dumps({"scheme": scheme, "kv_cache": str(engine.kv_cache_dtype).removeprefix("torch."),
-                                  "text": name, "tokens": len(ids), "kl": round(kl, 5),
-                                  "argmax_agreement": round(agree, 4)}), flush=True)
+    for scheme, kv_cache_dtype, prompt_tiles in itertools.product(args.schemes, args.kv_cache_dtype,
+                                                                  args.prompt_tiles):
+        engine = LLMEngine(EngineConfig(dtype=args.dtype, quantization=scheme, kv_cache_dtype=kv_cache_dtype,
+                                        prompt_tiles=prompt_tiles, **config), copy.deepcopy(loaded))
+        for name, ids in texts.items():
+            reference, logprobs = references[name], engine_logits(engine, ids).float().log_softmax(-1)
+            kl = (reference.exp() * (reference - logprobs)).sum(-1).mean().item()
+            agree = (reference.argmax(-1) == logprobs.argmax(-1)).float().mean().item()
+            print(json.dumps({"scheme": scheme, "kv_cache": str(engine.kv_cache_dtype).removeprefix("torch."),
+                              "prompt_tiles": engine.prompt_tiles,
+                              "text": name, "tokens": len(ids), "kl": round(kl, 5),
+                              "argmax_agreement": round(agree, 4)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -323,7 +323,7 @@ def test_prompt_tiles_change_nothing_by_batch_chunk_cache_or_preemption(tiny_mod
 
     def engine(**overrides) -> LLMEngine:
         config = dict(model=str(path), dtype="float32", kv_cache_memory="16MiB", block_size=4,
-                      quantization="int4", num_threads=1) | overrides
+                      quantization="int4", prompt_tiles="auto", num_threads=1) | overrides
         return LLMEngine(EngineConfig(**config))
 
     reference = engine(enable_prefix_caching=False)
