@@ -72,7 +72,7 @@ class EngineConfig:
         "off",
         "off: every token of Q4_0, Q4_1 and Q8_0 layers on the int8 blocks. auto: on a CPU with "
         "AMX, their prompt tokens (not the LM head's) run on AMX tiles, the weights dequantized "
-        "to bfloat16 (prefills 1.3-1.5x faster, first tokens sooner), generated tokens keep the "
+        "to bfloat16 (prefills 1.2-1.5x faster, first tokens sooner), generated tokens keep the "
         "int8 blocks; a token's path is fixed by its position, so batching still changes "
         "nothing. Not the default: served side by side it lost 2-6% of throughput "
         "(benchmarks/README.md, session 14).",

@@ -277,10 +277,7 @@ def test_with_prompt_rows_a_block_of_generated_tokens_is_not_a_prompt_block():
     # A follow-up whose prompt is all of that: only the all-prompt block is reused.
     follow_up = req("follow-up", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
     assert kv.find_cached_blocks(follow_up) == first.block_table[:1]
-    # The same request again (prompt 1-6, the same outputs) shares both.
-    again = req("again", [1, 2, 3, 4, 5, 6])
-    again.block_hashes.extend(first.block_hashes)
-    assert first.block_hashes[1] != follow_up.block_hashes[1] if len(follow_up.block_hashes) > 1 else True
+    assert first.block_hashes[1] != follow_up.block_hashes[1]
     # Without prompt rows (every token computed alike), the follow-up takes both blocks.
     plain = KVCacheManager(16, BS, enable_prefix_caching=True)
     first = req("first", [1, 2, 3, 4, 5, 6])
