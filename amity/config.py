@@ -315,7 +315,10 @@ def add_arguments(parser: argparse.ArgumentParser, config_cls: type) -> None:
         flag = "--" + f.name.replace("_", "-")
         names = [flag, *f.metadata.get("aliases", ())]
         tp = _field_type(f)
-        kwargs: dict = {"dest": f.name, "default": f.default, "help": f.metadata.get("help")}
+        help_text = f.metadata.get("help")
+        # argparse formats help with %: a literal percent in our text must be doubled.
+        kwargs: dict = {"dest": f.name, "default": f.default,
+                        "help": help_text.replace("%", "%%") if help_text else help_text}
         if tp is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:

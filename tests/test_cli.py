@@ -1,5 +1,6 @@
 """`amity generate`: the quickest proof for a new user, run as a user would."""
 
+import argparse
 import os
 import subprocess
 import sys
@@ -59,3 +60,23 @@ def test_omp_wait_policy_reaches_the_openmp_runtime(policy, spin_count):
         env={**os.environ, "OMP_DISPLAY_ENV": "VERBOSE", "OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "7"})
     assert result.returncode == 2, result.stderr
     assert f"GOMP_SPINCOUNT = '{spin_count}'" in result.stderr
+
+
+def _parsers(parser):
+    """The parser and every subcommand's, nested actions included."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
+
+
+def test_every_command_has_help():
+    """`--help` formats each option's text (a bare % in one crashed `serve --help`)."""
+    from amity.cli import build_parser
+
+    names = []
+    for parser in _parsers(build_parser()):
+        assert parser.format_help()
+        names.append(parser.prog)
+    assert {"amity serve", "amity generate", "amity suite"} <= set(names)
