@@ -207,6 +207,13 @@ async def serve_async(engine_config: EngineConfig, server_config: ServerConfig) 
         finally:
             servers_done.set()
 
+    # uvicorn imports its protocol modules as it loads its config: done here, before the
+    # loading thread starts, because an import in one thread while transformers adds to
+    # sys.path and invalidates the import caches in another (its first use on a machine)
+    # failed once: "No module named 'uvicorn.protocols.http.h11_impl'", and no server.
+    for pending in (server, metrics_server):
+        if pending is not None and not pending.config.loaded:
+            pending.config.load()
     loader = asyncio.create_task(load())
     try:
         await asyncio.gather(main_server(), stop_metrics_with_main(), *servers[1:])
