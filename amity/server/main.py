@@ -208,9 +208,9 @@ async def serve_async(engine_config: EngineConfig, server_config: ServerConfig) 
             servers_done.set()
 
     # uvicorn imports its protocol modules as it loads its config: done here, before the
-    # loading thread starts, because an import in one thread while transformers adds to
-    # sys.path and invalidates the import caches in another (its first use on a machine)
-    # failed once: "No module named 'uvicorn.protocols.http.h11_impl'", and no server.
+    # loading thread starts importing torch and transformers, because that import, made
+    # while the thread's were under way, failed once on a fresh machine ("No module named
+    # 'uvicorn.protocols.http.h11_impl'", and no server); why is not known.
     for pending in (server, metrics_server):
         if pending is not None and not pending.config.loaded:
             pending.config.load()
