@@ -6,7 +6,7 @@ does). Prints, per cache dtype, the median milliseconds of the layers' calls and
 K/V bytes they read per second.
 
     TORCH_EXTENSIONS_DIR=/work/ext .venv/bin/python benchmarks/decode_attention.py --dtypes float32 float16
-    .venv/bin/python benchmarks/decode_attention.py --layers 1 --rounds 300   # the cache in L3: compute's share
+    .venv/bin/python benchmarks/decode_attention.py --layers 1 --rounds 300   # one layer's 10 MB: from L3, not memory
 """
 
 import argparse

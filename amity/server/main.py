@@ -212,7 +212,7 @@ async def serve_async(engine_config: EngineConfig, server_config: ServerConfig) 
     # while the thread's were under way, failed once on a fresh machine ("No module named
     # 'uvicorn.protocols.http.h11_impl'", and no server); why is not known.
     for pending in (server, metrics_server):
-        if pending is not None and not pending.config.loaded:
+        if pending is not None:
             pending.config.load()
     loader = asyncio.create_task(load())
     try:
