@@ -24,7 +24,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_attention.cpp", "packed_linear.cpp",
-                                                                "block_linear.cpp", "bf16_linear.cpp", "amx.cpp")]
+                                                                "block_linear.cpp", "bf16_linear.cpp", "amx.cpp",
+                                                                "argmax.cpp")]
 
 
 @functools.cache

@@ -110,6 +110,25 @@ def test_greedy_row_takes_argmax_of_penalized_logits_ignoring_truncation():
     assert sampler(logits, [row]).token_ids == [2]  # 3.0 / 2 = 1.5 < 2.0
 
 
+@pytest.mark.parametrize("vocab", [1, 15, 16, 17, 49152, 49157])
+def test_greedy_kernel_gives_torch_argmax(vocab):
+    """csrc/argmax.cpp: the first index of the largest value, the first NaN of a row
+    with NaNs, index 0 of a row of -inf; -0.0 ties with 0.0; views as well as rows."""
+    torch.manual_seed(vocab)
+    x = torch.randn(24, vocab)
+    x[1] = -math.inf
+    x[2, vocab // 2] = math.nan
+    x[3] = 7.0
+    x[4] = (x[4] * 2).round()
+    if vocab > 3:
+        x[5, 1] = x[5, 3] = 100.0
+        x[6] = -1.0
+        x[6, 0], x[6, vocab - 1] = -0.0, 0.0
+        x[7, 0], x[7, vocab - 1] = math.inf, math.nan
+    for view in (x, x[::2], x[:, : max(1, vocab - 2)]):
+        assert torch.equal(sampler_module._argmax(view), view.argmax(dim=1))
+
+
 @pytest.mark.parametrize("temperature", [1e-45, 1e-30, 1e-7])
 def test_a_tiny_positive_temperature_is_greedy(temperature):
     """Issue 13 (defect 9): logits divided by 1e-45 overflow to inf and the draw

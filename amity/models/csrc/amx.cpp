@@ -42,6 +42,9 @@ void amx_configure(int count, const uint8_t* rows, const uint16_t* colsb) {
     uint8_t rows[16] = {};
   } config;
   for (int t = 0; t < count; ++t) config.rows[t] = rows[t], config.colsb[t] = colsb[t];
+  // gcc does not model ldtilecfg as reading `config`: at -O2 it dropped the stores of
+  // a constant configuration (a standalone test: tiles of 0 rows, then SIGILL).
+  asm volatile("" : : "r"(&config) : "memory");
   _tile_loadconfig(&config);
 }
 #endif
