@@ -541,9 +541,11 @@ class LLMEngine:
         if not indices:
             return []
         requests = [result.logit_rows[i][0] for i in indices]
-        logits = result.logits[indices]  # a copy: the grammar masks edit it in place
         # Issue 5: constrained rows' disallowed tokens to -inf, before every processor.
         constrained = [k for k, r in enumerate(requests) if r.grammar is not None]
+        logits = result.logits
+        if constrained or indices != list(range(logits.shape[0])):
+            logits = logits[indices]  # a copy: the grammar masks edit it in place (the sampler never does)
         if constrained:
             structured_output.apply_bitmasks(logits, constrained, [requests[k].grammar for k in constrained])
         batch = self.runner.batch  # a kept history only for rows whose parameters read one

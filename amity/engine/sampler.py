@@ -1,6 +1,7 @@
 """The batched sampler: one next token (and optionally its logprobs) per row.
 
-Pipeline, in this fixed order, over a [B, V] float32 copy of the logits. Each
+Pipeline, in this fixed order, over the [B, V] logits in float32 (a copy where
+stages 1-5 edit them; nothing after stage 5 writes to them). Each
 stage is skipped as a whole when no row in the batch uses it; a row that does
 not use a stage is left bit-for-bit unchanged by it.
 
@@ -216,8 +217,10 @@ class SamplingTensors:
 
 
 def _process(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
-    """Stages 1-5 on a float32 copy: the distribution logprobs report."""
-    x = logits.to(torch.float32, copy=True)
+    """Stages 1-5 on a float32 copy (the float32 logits themselves where no stage
+    edits them): the distribution logprobs report."""
+    edits = t.bias is not None or t.bans is not None or t.repetition is not None or t.frequency is not None
+    x = logits.to(torch.float32, copy=edits)
     if t.bias is not None:
         r, tok, v = t.bias
         x.index_put_((r, tok), v, accumulate=True)

@@ -110,6 +110,23 @@ def test_greedy_row_takes_argmax_of_penalized_logits_ignoring_truncation():
     assert sampler(logits, [row]).token_ids == [2]  # 3.0 / 2 = 1.5 < 2.0
 
 
+@pytest.mark.parametrize("stages", ["none", "plain sampling", "xtc", "truncation", "all"])
+def test_the_sampler_never_writes_to_its_logits(stages):
+    """Where no stage edits the logits the sampler reads them without a copy, so no
+    later stage may write to them."""
+    torch.manual_seed(0)
+    params = {"none": dict(temperature=0.0, logprobs=3), "plain sampling": dict(temperature=0.7),
+              "xtc": dict(temperature=1.0, xtc_threshold=0.01, xtc_probability=1.0),
+              "truncation": dict(temperature=1.0, top_k=3, top_p=0.5, min_p=0.1, logprobs=2)}
+    rows = random_rows(random.Random(1), 8) if stages == "all" else [make_row(seed=i, **params[stages])
+                                                                      for i in range(8)]
+    logits = torch.randn(8, V) * 3
+    before = logits.clone()
+    sampler(logits, rows)
+    sampler.score(logits, rows, list(range(8)))
+    assert torch.equal(logits, before)
+
+
 @pytest.mark.parametrize("vocab", [1, 15, 16, 17, 49152, 49157])
 def test_greedy_kernel_gives_torch_argmax(vocab):
     """csrc/argmax.cpp: the first index of the largest value, the first NaN of a row
