@@ -17,6 +17,7 @@ import os
 import torch
 
 from amity.models.cpu_kernels import load_cpu_kernels
+from amity.models.host_memory import keep_freed_memory
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -47,9 +48,11 @@ def resolve_device(name: str) -> torch.device:
 
 def prepare_device(device_name: str, dtype_name: str,
                    num_threads: int | None) -> tuple[torch.device, torch.dtype]:
-    """An engine's device and dtype; on a CPU, its thread count set and our kernels built."""
+    """An engine's device and dtype; on a CPU, its thread count set, our kernels built
+    and freed host memory kept for the next step (host_memory.py)."""
     device = resolve_device(device_name)
     if device.type == "cpu":
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         load_cpu_kernels()
+        keep_freed_memory()
     return device, resolve_dtype(dtype_name, device)

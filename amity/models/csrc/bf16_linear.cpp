@@ -291,7 +291,7 @@ namespace amity {
 at::Tensor tile_linear(const at::Tensor& x32, int64_t N, const void* weight, PanelRows panel_rows, bool parallel) {
   const int64_t T = x32.size(0), K = x32.size(1), K2 = K / 2;
   const int64_t T_padded = (T + TM - 1) / TM * TM, K2_padded = (K2 + KT - 1) / KT * KT;
-  at::Tensor pairs = at::zeros({T_padded, K2_padded}, x32.options().dtype(at::kInt));
+  at::Tensor pairs = at::empty({T_padded, K2_padded}, x32.options().dtype(at::kInt));
   at::Tensor out = at::empty({T, N}, x32.options());
   const float* xp = x32.data_ptr<float>();
   uint32_t* pp = reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>());
@@ -300,7 +300,11 @@ at::Tensor tile_linear(const at::Tensor& x32, int64_t N, const void* weight, Pan
 #pragma omp parallel if (parallel)
   {
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < T; ++t) round_token(xp + t * K, K, pp + t * K2_padded);
+    for (int64_t t = 0; t < T_padded; ++t) {  // the padding zeroed, the rest written once
+      uint32_t* row = pp + t * K2_padded;
+      if (t < T) round_token(xp + t * K, K, row);
+      std::fill(row + (t < T ? K2 : 0), row + K2_padded, 0u);
+    }
     const uint8_t rows[8] = {TM, TM, TM, TM, TM, TM, KT, KT};
     const uint16_t colsb[8] = {64, 64, 64, 64, KT * 4, KT * 4, 64, 64};
     amity::amx_configure(8, rows, colsb);
