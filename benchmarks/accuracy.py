@@ -18,16 +18,18 @@ import argparse
 import copy
 import itertools
 import json
+import sys
 from pathlib import Path
 
 import torch
 
-from amity.config import EngineConfig
-from amity.engine.llm_engine import LLMEngine
-from amity.models.loader import load_model
-from tests.models.test_parity import engine_logits
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # `tests` is not installed: run as a script from anywhere
+
+from amity.config import EngineConfig  # noqa: E402
+from amity.engine.llm_engine import LLMEngine  # noqa: E402
+from amity.models.loader import load_model  # noqa: E402
+from tests.models.test_parity import engine_logits  # noqa: E402
 TEXTS = {"GPL-3": Path("/usr/share/common-licenses/GPL-3"), "Python": ROOT / "amity" / "engine" / "scheduler.py",
          "README": ROOT / "README.md"}
 
