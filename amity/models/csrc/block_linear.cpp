@@ -495,8 +495,8 @@ at::Tensor tiles_linear(const at::Tensor& x32, const at::Tensor& weight, int64_t
 #endif
 }
 
-// Whole rows by memcpy: ATen's index_select / index_copy_ move a mixed step's rows
-// an element at a time, slower than the tiles' matmul they split for.
+// A mixed step's rows, whole rows by memcpy (ATen's index ops set up an iterator
+// and index every element).
 at::Tensor gather_rows(const at::Tensor& x, const std::vector<int64_t>& rows) {
   const int64_t count = static_cast<int64_t>(rows.size()), width = x.size(1);
   at::Tensor picked = at::empty({count, width}, x.options());
