@@ -74,8 +74,8 @@ class EngineConfig:
         "AMX, their prompt tokens (not the LM head's) run on AMX tiles, the weights dequantized "
         "to bfloat16 (prefills 1.2-1.5x faster, first tokens sooner), generated tokens keep the "
         "int8 blocks; a token's path is fixed by its position, so batching still changes "
-        "nothing. Not the default yet: served, it has won c=32 and TTFT since session 16 but "
-        "not yet c=1 beyond noise (benchmarks/README.md).",
+        "nothing. Not the default yet: served, it wins at 32 streams and in time to first "
+        "token, at one stream not beyond noise (benchmarks/README.md).",
         choices=("off", "auto"),
     )
     compile: str = _opt(

@@ -11,7 +11,6 @@ heap and to keep the heap's free top.
 """
 
 import ctypes
-import ctypes.util
 import functools
 import logging
 
@@ -25,12 +24,10 @@ TRIM_THRESHOLD_BYTES = (1 << 31) - 1  # an int: the heap's free top is kept up t
 @functools.cache
 def keep_freed_memory() -> bool:
     """Once per process; False where the C library is not glibc (nothing changed)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-        ctypes.CDLL(None).gnu_get_libc_version  # glibc only
-    except (OSError, AttributeError):
+    libc = ctypes.CDLL(None)  # the process's own symbols, its C library's among them
+    if not hasattr(libc, "gnu_get_libc_version"):  # not glibc
         return False
+    mallopt = libc.mallopt
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     kept = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD,
                                                                                  TRIM_THRESHOLD_BYTES))

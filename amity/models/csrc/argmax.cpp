@@ -50,7 +50,7 @@ int64_t row_argmax(const float* x, int64_t n) {
 #endif
   for (; i < n; ++i)
     if (x[i] == top) return i;
-  return 0;  // a row of -inf only: its first index, as argmax gives
+  return 0;  // not reached: `top` is one of the row's values (-inf for a row of -inf)
 }
 
 at::Tensor argmax_rows(const at::Tensor& x) {

@@ -494,26 +494,6 @@ at::Tensor tiles_linear(const at::Tensor& x32, const at::Tensor& weight, int64_t
   TORCH_CHECK(false, "amity::block_linear: tiles need a CPU with AMX-BF16 (this build has none)");
 #endif
 }
-
-// A mixed step's rows, whole rows by memcpy (ATen's index ops set up an iterator
-// and index every element).
-at::Tensor gather_rows(const at::Tensor& x, const std::vector<int64_t>& rows) {
-  const int64_t count = static_cast<int64_t>(rows.size()), width = x.size(1);
-  at::Tensor picked = at::empty({count, width}, x.options());
-  const float* src = x.data_ptr<float>();
-  float* dst = picked.data_ptr<float>();
-#pragma omp parallel for schedule(static) if (count * width >= (1 << 16))
-  for (int64_t i = 0; i < count; ++i) std::memcpy(dst + i * width, src + rows[i] * width, width * sizeof(float));
-  return picked;
-}
-
-void scatter_rows(const at::Tensor& picked, const std::vector<int64_t>& rows, at::Tensor& out) {
-  const int64_t count = static_cast<int64_t>(rows.size()), width = out.size(1);
-  const float* src = picked.data_ptr<float>();
-  float* dst = out.data_ptr<float>();
-#pragma omp parallel for schedule(static) if (count * width >= (1 << 16))
-  for (int64_t i = 0; i < count; ++i) std::memcpy(dst + rows[i] * width, src + i * width, width * sizeof(float));
-}
 }  // namespace
 
 // x [T, K] float32 or bfloat16, K a multiple of 32 (256 for K-quants); weight
@@ -551,9 +531,13 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t f
   } else if (on_blocks.empty()) {
     out = tiles_linear(x32, weight, format);
   } else {
+    const auto index = [&](std::vector<int64_t>& rows) {
+      return at::from_blob(rows.data(), {static_cast<int64_t>(rows.size())}, at::kLong);
+    };
+    const at::Tensor tiles_rows = index(on_tiles), blocks_rows = index(on_blocks);
     out = at::empty({T, weight.size(0) * NR}, x32.options());
-    scatter_rows(tiles_linear(gather_rows(x32, on_tiles), weight, format), on_tiles, out);
-    scatter_rows(vnni_linear(gather_rows(x32, on_blocks), weight, format), on_blocks, out);
+    out.index_copy_(0, tiles_rows, tiles_linear(x32.index_select(0, tiles_rows), weight, format));
+    out.index_copy_(0, blocks_rows, vnni_linear(x32.index_select(0, blocks_rows), weight, format));
   }
   if (bias32.defined()) out.add_(bias32);
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
