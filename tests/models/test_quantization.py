@@ -11,7 +11,7 @@ from amity.config import EngineConfig
 from amity.engine.llm_engine import LLMEngine
 from amity.engine.sampling_params import SamplingParams
 from amity.models.loader import load_model
-from amity.models.cpu_kernels import cpu_has_amx_bf16, load_cpu_kernels
+from amity.models.cpu_kernels import cpu_has, cpu_has_amx_bf16, load_cpu_kernels
 from amity.models.quantization import (BlockLinear, Int8Linear, PackedLinear, q4_1_blocks, q4_1_linear,
                                       quantize_model)
 from tests.models.test_parity import engine_logits
@@ -278,6 +278,22 @@ def _block_layer(kind: str, out_features: int, in_features: int) -> tuple[BlockL
     with torch.no_grad():
         dequantized.bias.copy_(linear.bias)
     return BlockLinear(linear, kind, q, d, m), dequantized
+
+
+@pytest.mark.skipif(not (cpu_has("amx_tile") and cpu_has("amx_int8")), reason="no AMX-INT8")
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
+def test_int8_tiles_give_a_batch_the_bits_of_its_rows_alone(kind):
+    # From 16 rows up the integer sums run on AMX's int8 tiles (groups of 32, then
+    # 16, the rest on VNNI), a row alone on VNNI: the float steps are shared.
+    load_cpu_kernels()
+    torch.manual_seed(0)
+    layer, _ = _block_layer(kind, 70, 192)
+    for num_tokens in (16, 17, 31, 32, 33, 48, 100):
+        x = torch.randn(num_tokens, 192) * 3
+        x[1, 64:96] *= 50
+        got = layer(x)
+        alone = torch.cat([layer(x[i:i + 1]) for i in range(num_tokens)])
+        assert torch.equal(got, alone), num_tokens
 
 
 @AMX

@@ -1,6 +1,6 @@
 // AMX, Intel's matrix unit: eight tile registers of up to 16 rows x 64 bytes,
 // and dot products of whole tiles (int8 or bfloat16 pairs into int32 or float32
-// sums). bf16_linear.cpp's `bf16-amx` path uses it.
+// sums). bf16_linear.cpp's `bf16-amx` path and block_linear.cpp's tiles use it.
 //
 // Linux gives a process the tiles' 8 KiB of register state only after the
 // process asks for it (arch_prctl ARCH_REQ_XCOMP_PERM), once; a tile

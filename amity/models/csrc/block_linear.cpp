@@ -1,8 +1,9 @@
 // y = x W^T (+ bias) on the CPU for weights in GGUF's block formats, computed the
 // way llama.cpp's CPU backend does: each token's activations are quantized to
 // int8 per block of 32 inputs (a scale dx, as in Q8_0 / Q8_1), a block's dot
-// products are exact int32 sums (AVX-512 VNNI: 64 multiply-adds an instruction),
-// and each block adds to a float32 accumulator
+// products are exact int32 sums (AVX-512 VNNI: 64 multiply-adds an instruction,
+// or AMX's int8 tiles, 16 tokens x 32 inputs x 16 outputs, for Q4_0, Q4_1 and
+// Q8_0 from 16 tokens up), and each block adds to a float32 accumulator
 //     Q4_0: d dx sum_k((q_k - 8) qx_k)             (w = d (q - 8), q 4-bit)
 //     Q4_1: d dx sum_k(q_k qx_k) + m (dx sum_k qx_k) (w = d q + m, q 4-bit)
 //     Q8_0: d dx sum_k(q_k qx_k)                    (w = d q, q int8)
@@ -53,11 +54,15 @@
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #define AMITY_BLOCK_TILES 1
 #endif
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define AMITY_BLOCK_INT8_TILES 1
+#endif
 #endif
 
 namespace amity {
 at::Tensor contiguous_as(const at::Tensor& t, at::ScalarType dtype);  // packed_linear.cpp
 bool amx_tiles();                                                     // amx.cpp
+void amx_configure(int count, const uint8_t* rows, const uint16_t* colsb);  // amx.cpp
 using PanelRows = const uint16_t* (*)(const void* weight, int64_t K2, int64_t panel, int64_t k0, int64_t count,
                                       uint16_t* buffer);
 at::Tensor tile_linear(const at::Tensor& x32, int64_t N, const void* weight, PanelRows panel_rows,
@@ -70,6 +75,7 @@ namespace {
 constexpr int64_t NR = 32;  // outputs per panel
 constexpr int64_t KB = 32;  // inputs per block
 constexpr int MR = 8;       // tokens per tile: 16 int32 sums in registers
+constexpr int64_t TM = 16;  // tokens per AMX tile (int8 tiles, below)
 
 enum Format : int64_t { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, Q4_K = 3, Q6_K = 4 };
 
@@ -148,6 +154,37 @@ void quantize_block(const float* x, int8_t* q, float& d, float& s, int32_t& n, i
   s = d * static_cast<float>(n);
 }
 
+#ifdef AMITY_BLOCK_VNNI
+// A block's one float step, the same on every path (VNNI's registers or AMX's
+// tiles): a token's acc[0 .. NR) += d dx (sum - zero n) (+ m s), outputs 0-15
+// from sum[0] and 16-31 from sum[1], the block's exact integer sums.
+template <int F>
+struct BlockScales {
+  using L = Layout<F>;
+  __m512 d[2], m[2];  // m: Q4_1's
+  explicit BlockScales(const uint8_t* block) {
+    const __m256i* scales = reinterpret_cast<const __m256i*>(block + L::scales);
+    for (int h = 0; h < 2; ++h) {
+      d[h] = _mm512_cvtph_ps(_mm256_loadu_si256(scales + h));
+      m[h] = F == Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256(scales + 2 + h)) : _mm512_setzero_ps();
+    }
+  }
+  // `row`: the token's row of a's per-block values (token * K / 32 + block).
+  void add(const __m512i (&sum)[2], const Activations& a, int64_t row, float* acc) const {
+    const __m512 dx = _mm512_set1_ps(a.d[row]);
+    const __m512i correction = _mm512_set1_epi32(L::zero * a.n[row]);
+    for (int h = 0; h < 2; ++h) {
+      float* c = acc + h * 16;
+      const __m512i exact = L::zero ? _mm512_sub_epi32(sum[h], correction) : sum[h];
+      __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(d[h], dx), _mm512_loadu_ps(c));
+      if constexpr (F == Q4_1)
+        v = _mm512_fmadd_ps(m[h], _mm512_set1_ps(a.s[row]), v);
+      _mm512_storeu_ps(c, v);
+    }
+  }
+};
+#endif
+
 // acc[m][0 .. NR) += the panel's outputs for M tokens from m0, every block.
 template <int F, int M>
 void tile(const uint8_t* panel, int64_t K, const Activations& a, int64_t m0, float* acc) {
@@ -184,21 +221,8 @@ void tile(const uint8_t* panel, int64_t K, const Activations& a, int64_t m0, flo
         sum[m][1] = _mm512_dpbusd_epi32(sum[m][1], hi, xq);
       }
     }
-    const __m256i* scales = reinterpret_cast<const __m256i*>(block + L::scales);
-    const __m512 d[2] = {_mm512_cvtph_ps(_mm256_loadu_si256(scales)), _mm512_cvtph_ps(_mm256_loadu_si256(scales + 1))};
-    for (int m = 0; m < M; ++m) {
-      const int64_t row = (m0 + m) * num_blocks + b;
-      const __m512 dx = _mm512_set1_ps(a.d[row]);
-      const __m512i correction = _mm512_set1_epi32(L::zero * a.n[row]);
-      for (int h = 0; h < 2; ++h) {
-        float* c = acc + m * NR + h * 16;
-        const __m512i exact = L::zero ? _mm512_sub_epi32(sum[m][h], correction) : sum[m][h];
-        __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(d[h], dx), _mm512_loadu_ps(c));
-        if constexpr (F == Q4_1)
-          v = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(scales + 2 + h)), _mm512_set1_ps(a.s[row]), v);
-        _mm512_storeu_ps(c, v);
-      }
-    }
+    const BlockScales<F> scales(block);
+    for (int m = 0; m < M; ++m) scales.add(sum[m], a, (m0 + m) * num_blocks + b, acc + m * NR);
   }
 #else
   // Other CPUs: the same integer sums and float steps, one output at a time.
@@ -351,6 +375,94 @@ void tile_super(const uint8_t* panel, int64_t K, const Activations& a, int64_t m
 #endif
 }
 
+#ifdef AMITY_BLOCK_INT8_TILES
+// The same integer sums on AMX's int8 tiles: TDPBSUD multiplies a tile of 16
+// tokens x 32 int8 activations (one block of inputs) by a tile of the block's 8
+// quads x 16 outputs x 4 stored weights, which is a quad half's layout as it is
+// (8-bit: rows 128 bytes apart; 4-bit: each nibble half unpacked to its own
+// bytes first). The sums go through memory into BlockScales' float step, so a
+// token's outputs are the bits the VNNI tile gives them: the path is a matter of
+// speed, picked by the batch's size. Tiles: 0-3 sums (token tile x outputs
+// 0-15 / 16-31), 4-5 activations, 6-7 weights.
+constexpr int64_t UNPACKED = 2 * (KB / 4) * 64;   // a 4-bit block unpacked: two halves of 8 quads
+
+void configure_int8_tiles() {
+  const uint8_t rows[8] = {TM, TM, TM, TM, TM, TM, KB / 4, KB / 4};
+  const uint16_t colsb[8] = {64, 64, 64, 64, KB, KB, 64, 64};
+  amity::amx_configure(8, rows, colsb);
+}
+
+template <int F>
+void unpack_block(const uint8_t* block, uint8_t* out) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (int64_t g = 0; g < KB / 4; ++g) {
+    const __m512i v = _mm512_loadu_si512(block + g * Layout<F>::quad_bytes);
+    _mm512_storeu_si512(out + g * 64, _mm512_and_si512(v, low4));
+    _mm512_storeu_si512(out + UNPACKED / 2 + g * 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
+  }
+}
+
+// acc[m][0 .. NR) += the panel's outputs for TT * 16 tokens from m0, every block.
+// `unpacked`: a 4-bit panel's blocks already unpacked, or null to unpack each
+// into `scratch` (UNPACKED bytes) as it comes. The tiles compute block b + 1
+// while the vector units add block b, whose sums were stored a block earlier.
+template <int F, int TT>
+void int8_tiles(const uint8_t* panel, const uint8_t* unpacked, uint8_t* scratch, int64_t K, const Activations& a,
+                int64_t m0, float* acc) {
+  using L = Layout<F>;
+  const int64_t num_blocks = K / KB;
+  constexpr int64_t stride = L::nibbles ? 64 : L::quad_bytes, second_half = L::nibbles ? UNPACKED / 2 : 64;
+  alignas(64) int32_t sums[2][TT][2][TM * 16];
+  const auto products = [&](int64_t b) {
+    const uint8_t* block = panel + b * L::block_bytes;
+    if (!unpacked)
+      for (int64_t line = 0; line < L::block_bytes; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(block + L::ahead * L::block_bytes + line), _MM_HINT_T0);
+    const uint8_t* weights = block;
+    if constexpr (L::nibbles) {
+      if (unpacked) {
+        weights = unpacked + b * UNPACKED;
+      } else {
+        unpack_block<F>(block, scratch);
+        weights = scratch;
+      }
+    }
+    auto& out = sums[b & 1];
+    _tile_loadd(6, weights, stride);
+    _tile_loadd(7, weights + second_half, stride);
+    _tile_loadd(4, a.q + m0 * K + b * KB, K);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_dpbsud(0, 4, 6);
+    _tile_dpbsud(1, 4, 7);
+    if constexpr (TT == 2) {
+      _tile_loadd(5, a.q + (m0 + TM) * K + b * KB, K);
+      _tile_zero(2);
+      _tile_zero(3);
+      _tile_dpbsud(2, 5, 6);
+      _tile_dpbsud(3, 5, 7);
+    }
+    _tile_stored(0, out[0][0], 64);
+    _tile_stored(1, out[0][1], 64);
+    if constexpr (TT == 2) {
+      _tile_stored(2, out[1][0], 64);
+      _tile_stored(3, out[1][1], 64);
+    }
+  };
+  products(0);
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    if (b + 1 < num_blocks) products(b + 1);
+    const auto& in = sums[b & 1];
+    const BlockScales<F> scales(panel + b * L::block_bytes);
+    for (int64_t t = 0; t < TT; ++t)
+      for (int64_t m = 0; m < TM; ++m) {
+        const __m512i sum[2] = {_mm512_load_si512(in[t][0] + m * 16), _mm512_load_si512(in[t][1] + m * 16)};
+        scales.add(sum, a, (m0 + t * TM + m) * num_blocks + b, acc + (t * TM + m) * NR);
+      }
+  }
+}
+#endif
+
 struct Problem {
   Activations a;
   const uint8_t* weight;
@@ -358,11 +470,38 @@ struct Problem {
   int64_t T, K, N;
 };
 
+// Rows in groups of 32 (then 16) on AMX's int8 tiles when `on_int8_tiles`, the
+// rest (and every row of the K-quants) 8 at a time on VNNI: the same bits either way.
 template <int F>
-void run_panel(const Problem& pb, int64_t panel) {
+void run_panel(const Problem& pb, int64_t panel, bool on_int8_tiles) {
   const uint8_t* w = pb.weight + panel * (pb.K / Layout<F>::unit_inputs) * Layout<F>::unit_bytes;
-  alignas(64) float acc[MR * NR];
-  for (int64_t m0 = 0; m0 < pb.T; m0 += MR) {
+  alignas(64) float acc[2 * TM * NR];
+  int64_t m0 = 0;
+#ifdef AMITY_BLOCK_INT8_TILES
+  if constexpr (F == Q4_0 || F == Q4_1 || F == Q8_0) {
+    if (on_int8_tiles && pb.T >= TM) {
+      // Several passes over a 4-bit panel: unpack it once (it stays in L2).
+      thread_local std::vector<uint8_t> unpacked;  // OpenMP's threads persist: grown once
+      const int64_t num_blocks = pb.K / KB;
+      if (unpacked.size() < static_cast<size_t>((num_blocks + 1) * UNPACKED)) unpacked.resize((num_blocks + 1) * UNPACKED);
+      uint8_t* scratch = unpacked.data() + num_blocks * UNPACKED;
+      const uint8_t* whole = nullptr;
+      if (Layout<F>::nibbles && pb.T > 2 * TM) {
+        for (int64_t b = 0; b < num_blocks; ++b) unpack_block<F>(w + b * Layout<F>::block_bytes, unpacked.data() + b * UNPACKED);
+        whole = unpacked.data();
+      }
+      for (; m0 + TM <= pb.T; ) {
+        const int64_t count = m0 + 2 * TM <= pb.T ? 2 * TM : TM;
+        std::fill(acc, acc + count * NR, 0.f);
+        if (count == 2 * TM) int8_tiles<F, 2>(w, whole, scratch, pb.K, pb.a, m0, acc);
+        else int8_tiles<F, 1>(w, whole, scratch, pb.K, pb.a, m0, acc);
+        for (int64_t m = 0; m < count; ++m) std::memcpy(pb.out + (m0 + m) * pb.N + panel * NR, acc + m * NR, NR * 4);
+        m0 += count;
+      }
+    }
+  }
+#endif
+  for (; m0 < pb.T; m0 += MR) {
     const int64_t count = std::min<int64_t>(MR, pb.T - m0);
     std::fill(acc, acc + count * NR, 0.f);
     switch (count) {
@@ -381,16 +520,25 @@ void run_panel(const Problem& pb, int64_t panel) {
 }
 
 template <int F>
-void run(const Problem& pb, bool parallel) {
+void run(const Problem& pb, bool parallel, bool on_int8_tiles) {
   // Tasks of a few panels, handed out one at a time: a thread that loses its core
   // to the server's event loop leaves its panels to the other thread.
   const int64_t num_panels = pb.N / NR;
   const int64_t panels_per_task = pb.T <= MR ? 4 : 1;
   const int64_t num_tasks = (num_panels + panels_per_task - 1) / panels_per_task;
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
-  for (int64_t task = 0; task < num_tasks; ++task)
-    for (int64_t panel = task * panels_per_task; panel < std::min(num_panels, (task + 1) * panels_per_task); ++panel)
-      run_panel<F>(pb, panel);
+#pragma omp parallel if (parallel)
+  {
+#ifdef AMITY_BLOCK_INT8_TILES
+    if (on_int8_tiles) configure_int8_tiles();
+#endif
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < num_tasks; ++task)
+      for (int64_t panel = task * panels_per_task; panel < std::min(num_panels, (task + 1) * panels_per_task); ++panel)
+        run_panel<F>(pb, panel, on_int8_tiles);
+#ifdef AMITY_BLOCK_INT8_TILES
+    if (on_int8_tiles) _tile_release();
+#endif
+  }
 }
 
 #ifdef AMITY_BLOCK_TILES
@@ -472,12 +620,17 @@ at::Tensor vnni_linear(const at::Tensor& x32, const at::Tensor& weight, int64_t 
     quantize_block(xp + i * KB, qp + i * KB, dp[i], sp[i], np[i], hp + 2 * i);
   const Problem pb{{qp, dp, sp, np, hp}, weight.data_ptr<uint8_t>(), out.data_ptr<float>(), T, K, N};
   const bool parallel = T > 0 && weight.numel() >= (128 << 10);  // waking a thread pays past ~64 KiB each
+#ifdef AMITY_BLOCK_INT8_TILES
+  const bool on_int8_tiles = T >= TM && format <= Q8_0 && amity::amx_tiles();
+#else
+  const bool on_int8_tiles = false;
+#endif
   switch (format) {
-    case Q4_0: run<Q4_0>(pb, parallel); break;
-    case Q4_1: run<Q4_1>(pb, parallel); break;
-    case Q8_0: run<Q8_0>(pb, parallel); break;
-    case Q4_K: run<Q4_K>(pb, parallel); break;
-    default: run<Q6_K>(pb, parallel); break;
+    case Q4_0: run<Q4_0>(pb, parallel, on_int8_tiles); break;
+    case Q4_1: run<Q4_1>(pb, parallel, on_int8_tiles); break;
+    case Q8_0: run<Q8_0>(pb, parallel, on_int8_tiles); break;
+    case Q4_K: run<Q4_K>(pb, parallel, false); break;
+    default: run<Q6_K>(pb, parallel, false); break;
   }
   return out;
 }
