@@ -1,4 +1,4 @@
-"""Prompt tokens on AMX tiles, generated tokens on the int8 blocks (`--prompt-tiles auto`, opt-in).
+"""Prompt tokens on AMX tiles, generated tokens on the int8 blocks (`--prompt-tiles auto`, the default).
 
 On a CPU with AMX, a GGUF Q4_0 / Q4_1 / Q8_0 layer can run tokens on tiles: its
 weights dequantized to bfloat16 a panel at a time, the activations rounded to

@@ -17,7 +17,7 @@ kernels"):
   widened to bfloat16. The engine turns `auto` into `none` under an explicit
   `--dtype float32` (`resolve_scheme`): the float32 reference path. On a CPU with
   AMX, the prompt tokens of Q4_0 / Q4_1 / Q8_0 layers (not the LM head) run on
-  tiles instead under `--prompt-tiles auto` (opt-in), their weights dequantized to
+  tiles instead under `--prompt-tiles auto` (the default), their weights dequantized to
   bfloat16 (prompt_rows.py): 1.3-2x the int8 blocks' prefill throughput.
 
 - `none`: the loaded float32 or bfloat16 weights, in the panel layout of our C++
