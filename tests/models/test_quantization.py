@@ -310,9 +310,12 @@ def test_prompt_rows_are_bf16_tiles_of_the_dequantized_weights_and_batch_invaria
     layer.prompt_rows = rows
     # 1-16 tokens: one tile of tokens, the panel a step at a time; 17-32: two; more:
     # the panel dequantized once per task of up to 512 tokens, 32 tokens a pass.
-    for num_tokens in (1, 5, 16, 17, 33, 40, 600):
+    # Rows mixed at random, generated rows before prompt rows (a step's order), and in
+    # runs of a few rows: up to four runs each computed in place, more gathered.
+    masks = {n: [torch.rand(n) < 0.5, torch.arange(n) >= n // 3, (torch.arange(n) % max(1, n // 2)) >= n // 5]
+             for n in (1, 5, 16, 17, 33, 40, 600)}
+    for num_tokens, on_tiles in ((n, mask) for n, of_n in masks.items() for mask in of_n):
         x = torch.randn(num_tokens, 96)
-        on_tiles = torch.rand(num_tokens) < 0.5
         on_tiles[0] = True
         rows.set_step(on_tiles)
         got = layer(x)

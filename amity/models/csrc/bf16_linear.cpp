@@ -52,7 +52,7 @@ void amx_configure(int count, const uint8_t* rows, const uint16_t* colsb);
 // written into buffer. k0 and count are multiples of 16 unless count reaches K2.
 using PanelRows = const uint16_t* (*)(const void* weight, int64_t K2, int64_t panel, int64_t k0, int64_t count,
                                       uint16_t* buffer);
-at::Tensor tile_linear(const at::Tensor& x32, int64_t N, const void* weight, PanelRows panel_rows, bool parallel);
+void tile_linear(const at::Tensor& x32, int64_t N, const void* weight, PanelRows panel_rows, bool parallel, float* out);
 }
 using amity::contiguous_as;
 
@@ -287,15 +287,15 @@ namespace amity {
 // of tokens share each load of the panel. `panel_rows` gives the panel's pair rows
 // (bf16_linear: pointers into the weights; block_linear.cpp: dequantized into the
 // thread's buffer), a step at a time for one pass of tokens, else the whole panel
-// once for all the task's passes.
-at::Tensor tile_linear(const at::Tensor& x32, int64_t N, const void* weight, PanelRows panel_rows, bool parallel) {
+// once for all the task's passes. Writes x's T rows of N outputs to `out`, N floats
+// apart (a caller's rows of a wider batch).
+void tile_linear(const at::Tensor& x32, int64_t N, const void* weight, PanelRows panel_rows, bool parallel, float* out) {
   const int64_t T = x32.size(0), K = x32.size(1), K2 = K / 2;
   const int64_t T_padded = (T + TM - 1) / TM * TM, K2_padded = (K2 + KT - 1) / KT * KT;
   at::Tensor pairs = at::empty({T_padded, K2_padded}, x32.options().dtype(at::kInt));
-  at::Tensor out = at::empty({T, N}, x32.options());
   const float* xp = x32.data_ptr<float>();
   uint32_t* pp = reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>());
-  const Problem pb{pp, nullptr, out.data_ptr<float>(), T, K2, N};
+  const Problem pb{pp, nullptr, out, T, K2, N};
   const int64_t num_panels = N / NR, token_tasks = (T_padded + TB - 1) / TB;
 #pragma omp parallel if (parallel)
   {
@@ -327,7 +327,6 @@ at::Tensor tile_linear(const at::Tensor& x32, int64_t N, const void* weight, Pan
     }
     _tile_release();
   }
-  return out;
 }
 }  // namespace amity
 #endif
@@ -350,7 +349,9 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& weight, const std:
   if (tiles) {
 #ifdef AMITY_BF16_AMX
     TORCH_CHECK(amity::amx_tiles(), "amity::bf16_linear: Linux refused this process AMX's tile state");
-    out = amity::tile_linear(x32, weight.size(0) * NR, weight.data_ptr<at::BFloat16>(), bf16_panel, parallel);
+    out = at::empty({T, weight.size(0) * NR}, x32.options());
+    amity::tile_linear(x32, weight.size(0) * NR, weight.data_ptr<at::BFloat16>(), bf16_panel, parallel,
+                       out.data_ptr<float>());
 #else
     TORCH_CHECK(false, "amity::bf16_linear: tiles need a CPU with AMX-BF16 (this build has none)");
 #endif

@@ -65,8 +65,8 @@ bool amx_tiles();                                                     // amx.cpp
 void amx_configure(int count, const uint8_t* rows, const uint16_t* colsb);  // amx.cpp
 using PanelRows = const uint16_t* (*)(const void* weight, int64_t K2, int64_t panel, int64_t k0, int64_t count,
                                       uint16_t* buffer);
-at::Tensor tile_linear(const at::Tensor& x32, int64_t N, const void* weight, PanelRows panel_rows,
-                       bool parallel);                                // bf16_linear.cpp
+void tile_linear(const at::Tensor& x32, int64_t N, const void* weight, PanelRows panel_rows, bool parallel,
+                 float* out);                                         // bf16_linear.cpp
 }
 using amity::contiguous_as;
 
@@ -603,13 +603,13 @@ const uint16_t* dequantize_panel(const void* weight, int64_t K2, int64_t panel, 
 }  // namespace
 
 namespace {
-// Every row on the int8 blocks above: [T, N] float32 without bias.
-at::Tensor vnni_linear(const at::Tensor& x32, const at::Tensor& weight, int64_t format) {
+// x's T rows on the int8 blocks above: float32 without bias into `out`'s rows, N
+// floats apart.
+void vnni_linear(const at::Tensor& x32, const at::Tensor& weight, int64_t format, float* out) {
   const int64_t T = x32.size(0), K = x32.size(1), N = weight.size(0) * NR;
   at::Tensor x_q = at::empty({T, K}, x32.options().dtype(at::kChar));
   at::Tensor x_scales = at::empty({2, T, K / KB}, x32.options());
   at::Tensor x_sums = at::empty({T, K / KB + K / 16}, x32.options().dtype(at::kInt));
-  at::Tensor out = at::empty({T, N}, x32.options());
   const float* xp = x32.data_ptr<float>();
   int8_t* qp = x_q.data_ptr<int8_t>();
   float* dp = x_scales.data_ptr<float>();
@@ -618,7 +618,7 @@ at::Tensor vnni_linear(const at::Tensor& x32, const at::Tensor& weight, int64_t 
   int32_t* hp = np + T * (K / KB);
   for (int64_t i = 0; i < T * (K / KB); ++i)
     quantize_block(xp + i * KB, qp + i * KB, dp[i], sp[i], np[i], hp + 2 * i);
-  const Problem pb{{qp, dp, sp, np, hp}, weight.data_ptr<uint8_t>(), out.data_ptr<float>(), T, K, N};
+  const Problem pb{{qp, dp, sp, np, hp}, weight.data_ptr<uint8_t>(), out, T, K, N};
   const bool parallel = T > 0 && weight.numel() >= (128 << 10);  // waking a thread pays past ~64 KiB each
 #ifdef AMITY_BLOCK_INT8_TILES
   const bool on_int8_tiles = T >= TM && format <= Q8_0 && amity::amx_tiles();
@@ -632,17 +632,17 @@ at::Tensor vnni_linear(const at::Tensor& x32, const at::Tensor& weight, int64_t 
     case Q4_K: run<Q4_K>(pb, parallel, false); break;
     default: run<Q6_K>(pb, parallel, false); break;
   }
-  return out;
 }
 
-// Every row on AMX tiles, the weights dequantized to bfloat16 a panel at a time.
-at::Tensor tiles_linear(const at::Tensor& x32, const at::Tensor& weight, int64_t format) {
+// x's T rows on AMX tiles, the weights dequantized to bfloat16 a panel at a time, into
+// `out`'s rows as above.
+void tiles_linear(const at::Tensor& x32, const at::Tensor& weight, int64_t format, float* out) {
 #ifdef AMITY_BLOCK_TILES
   TORCH_CHECK(amity::amx_tiles(), "amity::block_linear: Linux refused this process AMX's tile state");
   const amity::PanelRows rows = format == Q4_0 ? dequantize_panel<Q4_0>
                                 : format == Q4_1 ? dequantize_panel<Q4_1> : dequantize_panel<Q8_0>;
-  return amity::tile_linear(x32, weight.size(0) * NR, weight.data_ptr<uint8_t>(), rows,
-                            x32.size(0) > 0 && weight.numel() >= (128 << 10));
+  amity::tile_linear(x32, weight.size(0) * NR, weight.data_ptr<uint8_t>(), rows,
+                     x32.size(0) > 0 && weight.numel() >= (128 << 10), out);
 #else
   TORCH_CHECK(false, "amity::block_linear: tiles need a CPU with AMX-BF16 (this build has none)");
 #endif
@@ -667,30 +667,47 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t f
   const int64_t T = x.size(0);
   const at::Tensor x32 = contiguous_as(x, at::kFloat);
   const at::Tensor bias32 = bias.has_value() ? contiguous_as(*bias, at::kFloat) : at::Tensor();
-  // Counted here, not by torch ops: a decode step calls this for every layer with
-  // no row on tiles, and each op's dispatch would cost more than the count.
-  std::vector<int64_t> on_tiles, on_blocks;
+  const int64_t N = weight.size(0) * NR;
+  at::Tensor out = at::empty({T, N}, x32.options());
+  float* o = out.data_ptr<float>();
+  const auto compute = [&](const at::Tensor& rows, bool tiled, float* into) {
+    (tiled ? tiles_linear : vnni_linear)(rows, weight, format, into);
+  };
+  // Runs of rows on one path, (first row, tiled), in order. Counted here, not by
+  // torch ops: a decode step calls this for every layer with no row on tiles, and
+  // each op's dispatch would cost more than the count.
+  std::vector<std::pair<int64_t, bool>> runs;
+  const bool* tiled = nullptr;
   if (tile_rows.has_value()) {
     TORCH_CHECK(format <= Q8_0, "amity::block_linear: tiles take Q4_0, Q4_1 and Q8_0");
     TORCH_CHECK(tile_rows->scalar_type() == at::kBool && tile_rows->dim() == 1 && tile_rows->size(0) >= T &&
                     tile_rows->is_contiguous(),
                 "amity::block_linear: tile_rows must be contiguous bool [>= T]");
-    const bool* tiled = tile_rows->data_ptr<bool>();
-    for (int64_t t = 0; t < T; ++t) (tiled[t] ? on_tiles : on_blocks).push_back(t);
+    tiled = tile_rows->data_ptr<bool>();
+    for (int64_t t = 0; t < T; ++t)
+      if (runs.empty() || runs.back().second != tiled[t]) runs.emplace_back(t, tiled[t]);
+  } else if (T > 0) {
+    runs.emplace_back(0, false);
   }
-  at::Tensor out;
-  if (on_tiles.empty()) {
-    out = vnni_linear(x32, weight, format);
-  } else if (on_blocks.empty()) {
-    out = tiles_linear(x32, weight, format);
+  // A step's rows come as generated ones, then prompt chunks (the scheduler's order):
+  // a few runs, each computed in place into its rows of `out`. Many runs (a
+  // recomputed request's generated tokens inside its prompt chunk): each path's rows
+  // gathered, computed apart and scattered back, two copies of the outputs.
+  constexpr size_t kMostRunsInPlace = 4;
+  if (runs.size() <= kMostRunsInPlace) {
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const int64_t first = runs[i].first, end = i + 1 < runs.size() ? runs[i + 1].first : T;
+      compute(x32.narrow(0, first, end - first), runs[i].second, o + first * N);
+    }
   } else {
-    const auto index = [&](std::vector<int64_t>& rows) {
-      return at::from_blob(rows.data(), {static_cast<int64_t>(rows.size())}, at::kLong);
-    };
-    const at::Tensor tiles_rows = index(on_tiles), blocks_rows = index(on_blocks);
-    out = at::empty({T, weight.size(0) * NR}, x32.options());
-    out.index_copy_(0, tiles_rows, tiles_linear(x32.index_select(0, tiles_rows), weight, format));
-    out.index_copy_(0, blocks_rows, vnni_linear(x32.index_select(0, blocks_rows), weight, format));
+    std::vector<int64_t> rows[2];  // on the int8 blocks, on tiles
+    for (int64_t t = 0; t < T; ++t) rows[tiled[t]].push_back(t);
+    for (int path = 0; path < 2; ++path) {
+      const at::Tensor index = at::from_blob(rows[path].data(), {static_cast<int64_t>(rows[path].size())}, at::kLong);
+      at::Tensor part = at::empty({index.size(0), N}, x32.options());
+      compute(x32.index_select(0, index), path == 1, part.data_ptr<float>());
+      out.index_copy_(0, index, part);
+    }
   }
   if (bias32.defined()) out.add_(bias32);
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
