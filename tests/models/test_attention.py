@@ -23,8 +23,9 @@ NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 6, 2, 16
 HEAD_SHAPES = [(6, 2, 16), (6, 1, 64), (4, 2, 24)]
 
 # (cached tokens before the step, new tokens this step); the in-place path scores
-# keys 16 at a time, and 41 or 35 keys end in partial groups of 16.
-STEP = [(9, 1), (0, 1), (3, 1), (5, 7), (0, 20), (11, 18), (2, 16), (0, 3), (40, 1), (33, 2)]
+# keys 16 at a time, and 41 or 35 keys end in partial groups of 16; the three fresh
+# chunks of 20 side by side share one SDPA call.
+STEP = [(9, 1), (0, 1), (3, 1), (5, 7), (0, 20), (0, 20), (0, 20), (11, 18), (2, 16), (0, 3), (40, 1), (33, 2)]
 
 
 def _build_step(dtype, heads=(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM), cache_dtype=None):
@@ -102,6 +103,26 @@ def test_paged_attention_matches_definition(impl, dtype, cache_dtype, atol, head
     expected = _dense(q, k, v, k_cache, v_cache, tables, scale)
     assert out.dtype == dtype and out.shape == q.shape
     torch.testing.assert_close(out.double(), expected, atol=atol, rtol=0)
+
+
+def test_fresh_chunks_side_by_side_get_the_bits_they_get_alone():
+    load_cpu_kernels()
+    q, k, v, k_cache, v_cache, meta, tables = _build_step(torch.float32)
+    scale = HEAD_DIM ** -0.5
+
+    def attend(rows, seqs, k_cache):
+        starts = meta.query_start[seqs.start:seqs.stop + 1]
+        return torch.ops.amity.paged_attention(q[rows], k[rows], v[rows], k_cache, v_cache.clone(),
+                                               meta.slot_mapping[rows], starts - starts[0],
+                                               meta.context_lens[seqs], meta.block_tables[seqs], scale)
+
+    fresh = [s for s, chunk in enumerate(STEP) if chunk == (0, 20)]
+    first, last = meta.query_start[fresh[0]].item(), meta.query_start[fresh[-1] + 1].item()
+    together = attend(slice(first, last), slice(fresh[0], fresh[-1] + 1), k_cache.clone())
+    for s in fresh:
+        start = meta.query_start[s].item()
+        alone = attend(slice(start, start + 20), slice(s, s + 1), k_cache.clone())
+        assert torch.equal(together[start - first:start - first + 20], alone), s
 
 
 def test_kernel_takes_strided_query():

@@ -26,7 +26,8 @@ using amity::contiguous_as;
 
 namespace {
 
-// A chunk longer than this runs through SDPA on a gathered context.
+// A chunk longer than this runs through SDPA: fresh chunks (nothing cached before
+// them) of one length side by side batched, others each on a gathered context.
 constexpr int64_t kMaxInPlaceQueryLen = 16;
 
 // The loops below are written so that the compiler vectorizes them (omp simd):
@@ -355,35 +356,39 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   }
 }
 
-void attend_gathered(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t start,
+// `count` fresh chunks of q_len tokens each (nothing cached before them), one after
+// another from row `start`: one SDPA call over a batch of them. ATen's flash
+// attention splits its work by sequence length, not batch, and each (sequence, head,
+// query block) is its own task: a chunk gets the bits it gets alone.
+void attend_fresh(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t start, int64_t count,
+                  int64_t q_len, double scale, at::Tensor& out) {
+  const auto batch = [&](const at::Tensor& t) {  // [count * q_len, heads, D] -> [count, heads, q_len, D]
+    return t.narrow(0, start, count * q_len).view({count, q_len, t.size(1), t.size(2)}).transpose(1, 2);
+  };
+  at::Tensor o = at::scaled_dot_product_attention(batch(q), batch(k).to(q.scalar_type()),
+                                                  batch(v).to(q.scalar_type()), std::nullopt, 0.0,
+                                                  /*is_causal=*/true, scale, /*enable_gqa=*/true);
+  batch(out).copy_(o);
+}
+
+void attend_gathered(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t start,
                      int64_t q_len, int64_t ctx_len, const at::Tensor& table, double scale,
                      at::Tensor& out) {
   const int64_t num_kv_heads = k_cache.size(2), head_dim = k_cache.size(3);
   const int64_t block_size = k_cache.size(1);
   at::Tensor q_i = q.narrow(0, start, q_len).transpose(0, 1).unsqueeze(0);
-  at::Tensor k_i, v_i;
-  std::optional<at::Tensor> mask;
-  bool is_causal = false;
-  if (ctx_len == q_len) {
-    // Nothing cached before this chunk: its own K/V are the whole context.
-    k_i = k.narrow(0, start, q_len).to(q.scalar_type());
-    v_i = v.narrow(0, start, q_len).to(q.scalar_type());
-    is_causal = true;
-  } else {
-    const int64_t num_blocks = (ctx_len + block_size - 1) / block_size;
-    at::Tensor slots = (table.narrow(0, 0, num_blocks).unsqueeze(1) * block_size +
-                        at::arange(block_size, table.options()))
-                           .reshape({-1})
-                           .narrow(0, 0, ctx_len);
-    k_i = k_cache.view({-1, num_kv_heads, head_dim}).index_select(0, slots).to(q.scalar_type());
-    v_i = v_cache.view({-1, num_kv_heads, head_dim}).index_select(0, slots).to(q.scalar_type());
-    at::Tensor q_pos = at::arange(ctx_len - q_len, ctx_len, table.options());
-    mask = at::arange(ctx_len, table.options()).unsqueeze(0) <= q_pos.unsqueeze(1);
-  }
+  const int64_t num_blocks = (ctx_len + block_size - 1) / block_size;
+  at::Tensor slots = (table.narrow(0, 0, num_blocks).unsqueeze(1) * block_size +
+                      at::arange(block_size, table.options()))
+                         .reshape({-1})
+                         .narrow(0, 0, ctx_len);
+  at::Tensor k_i = k_cache.view({-1, num_kv_heads, head_dim}).index_select(0, slots).to(q.scalar_type());
+  at::Tensor v_i = v_cache.view({-1, num_kv_heads, head_dim}).index_select(0, slots).to(q.scalar_type());
+  at::Tensor q_pos = at::arange(ctx_len - q_len, ctx_len, table.options());
+  at::Tensor mask = at::arange(ctx_len, table.options()).unsqueeze(0) <= q_pos.unsqueeze(1);
   at::Tensor o = at::scaled_dot_product_attention(
       q_i, k_i.transpose(0, 1).unsqueeze(0), v_i.transpose(0, 1).unsqueeze(0), mask, 0.0,
-      is_causal, scale, /*enable_gqa=*/true);
+      /*is_causal=*/false, scale, /*enable_gqa=*/true);
   out.narrow(0, start, q_len).copy_(o.squeeze(0).transpose(0, 1));
 }
 
@@ -436,12 +441,20 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_in, const
   const int64_t* ctx = context_lens.data_ptr<int64_t>();
 
   std::vector<int64_t> in_place;
-  for (int64_t s = 0; s < context_lens.size(0); ++s) {
+  const int64_t num_seqs = context_lens.size(0);
+  for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = starts[s + 1] - starts[s];
     if (q_len <= kMaxInPlaceQueryLen) {
       in_place.push_back(s);
+    } else if (ctx[s] == q_len) {
+      // Fresh chunks of one length side by side (a batch of new prompts): one call.
+      int64_t count = 1;
+      while (s + count < num_seqs && starts[s + count + 1] - starts[s + count] == q_len && ctx[s + count] == q_len)
+        ++count;
+      attend_fresh(q, k, v, starts[s], count, q_len, scale, out);
+      s += count - 1;
     } else {
-      attend_gathered(q, k, v, k_cache, v_cache, starts[s], q_len, ctx[s], block_tables[s],
+      attend_gathered(q, k_cache, v_cache, starts[s], q_len, ctx[s], block_tables[s],
                       scale, out);
     }
   }
