@@ -12,6 +12,7 @@ import base64
 import binascii
 import hashlib
 import json
+import math
 import os
 import secrets
 import shutil
@@ -68,10 +69,15 @@ class LocalStore:
             raise ApiError(404, "no such object", type="not_found")
         return self.root / "objects" / key
 
+    def _expires(self) -> int:
+        """Whole seconds, rounded up: a URL lives at least its TTL (truncated, a 1 s
+        TTL could end at once)."""
+        return math.ceil(time.time() + self.url_ttl_s)
+
     def upload_form(self, key: str, max_size: int) -> UploadForm:
         policy = base64.urlsafe_b64encode(json.dumps({
             "key": key, "max_size": max_size,
-            "expires": int(time.time()) + self.url_ttl_s}).encode()).decode()
+            "expires": self._expires()}).encode()).decode()
         return UploadForm(f"{self.public_url}/objects/upload", {
             "key": key, "policy": policy, "x-amz-algorithm": ALGORITHM,
             "x-amz-signature": self.signer.sign("upload", policy)})
@@ -121,7 +127,7 @@ class LocalStore:
         return ObjectStat(record["size"], record["sha256"])
 
     def download_url(self, key: str) -> str:
-        expires = str(int(time.time()) + self.url_ttl_s)
+        expires = str(self._expires())
         signature = self.signer.sign("download", key, expires)
         return f"{self.public_url}/objects/{key}?expires={expires}&signature={signature}"
 
