@@ -62,7 +62,8 @@ def _count_graphs_from_here() -> None:
     engine (`--compile auto`, the default) may still be compiling in its thread."""
     for thread in threading.enumerate():
         if thread.name == "amity-compile":
-            thread.join()
+            thread.join(timeout=600)  # a cold compile takes about three minutes here
+            assert not thread.is_alive(), "an earlier engine's background compile never ended"
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()  # reset() keeps them
 
