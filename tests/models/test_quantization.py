@@ -310,11 +310,13 @@ def test_prompt_rows_are_bf16_tiles_of_the_dequantized_weights_and_batch_invaria
     layer.prompt_rows = rows
     # 1-16 tokens: one tile of tokens, the panel a step at a time; 17-32: two; more:
     # the panel dequantized once per task of up to 512 tokens, 32 tokens a pass.
-    # Rows mixed at random, generated rows before prompt rows (a step's order), and in
-    # runs of a few rows: up to four runs each computed in place, more gathered.
-    masks = {n: [torch.rand(n) < 0.5, torch.arange(n) >= n // 3, (torch.arange(n) % max(1, n // 2)) >= n // 5]
-             for n in (1, 5, 16, 17, 33, 40, 600)}
-    for num_tokens, on_tiles in ((n, mask) for n, of_n in masks.items() for mask in of_n):
+    # Rows on tiles at random (many runs), a tiles row, block rows, then tiles rows
+    # (three runs), and runs of a few rows (four to six): up to four runs are each
+    # computed in place, more are gathered.
+    steps = [(n, on_tiles) for n in (1, 5, 16, 17, 33, 40, 600)
+             for on_tiles in (torch.rand(n) < 0.5, torch.arange(n) >= n // 3,
+                              torch.arange(n) % max(1, n // 2) >= n // 5)]
+    for num_tokens, on_tiles in steps:
         x = torch.randn(num_tokens, 96)
         on_tiles[0] = True
         rows.set_step(on_tiles)
