@@ -36,11 +36,12 @@ class EngineConfig:
     )
     kv_cache_dtype: str = _opt(
         "auto",
-        "How the KV cache keeps K and V. auto: the model's dtype. A float32 model may keep them "
-        "in bfloat16 (or float16): half the bytes decode attention reads every step and twice "
-        "the tokens in the same memory (32 streams 6-16% faster on a CPU), rounded once as "
-        "written and widened to float32 as read, which moves greedy tokens now and then "
-        "(benchmarks/README.md, session 13).",
+        "How the KV cache keeps K and V. auto: as precise as the weights: bfloat16 where the "
+        "linear layers keep weights in 16 bits or fewer (GGUF blocks, bfloat16, int8), rounded "
+        "once as written and widened to float32 as read (half the bytes decode attention "
+        "reads every step); float32 for float32 weights (--dtype float32, the reference path). "
+        "A float32 model may keep them in any of float32, bfloat16 and float16 "
+        "(benchmarks/README.md, sessions 13 and 18).",
         choices=("auto", "float32", "bfloat16", "float16"),
     )
     device: str = _opt("auto", "cpu, cuda, or auto (cuda when available).")

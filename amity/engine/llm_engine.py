@@ -44,7 +44,7 @@ from amity.models.loader import LoadedModel
 from amity.models.lora import apply_lora
 from amity.models.peft_adapter import AdapterError, LoraAdapter
 from amity.models.prompt_rows import find_prompt_rows, resolve_prompt_tiles
-from amity.models.quantization import quantize_model, resolve_scheme
+from amity.models.quantization import narrow_weights, quantize_model, resolve_scheme
 
 logger = logging.getLogger("amity.engine")
 
@@ -133,7 +133,7 @@ class LLMEngine:
         num_layers = hf.num_hidden_layers
         num_kv_heads = hf.num_key_value_heads
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-        self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
+        self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype, narrow_weights(self.model))
         bytes_per_block = 2 * num_layers * self.block_size * num_kv_heads * head_dim * self.kv_cache_dtype.itemsize
         budget = parse_memory(config.kv_cache_memory, _free_memory_bytes(self.device))
         # More blocks than every sequence at full length can use would only sit idle.

@@ -5,11 +5,16 @@ attention run through our kernels (quantization.py, attention.py), which compute
 in float32 whatever the dtype: bfloat16 there only halves the bytes of the
 weights, which helps a memory-bound single stream, and costs accuracy in the
 norms, residuals and activations that torch keeps in bfloat16. That trade is the
-user's to make (`--dtype bfloat16`), not a default; so is a bfloat16 KV cache for
-a float32 model (`--kv-cache-dtype bfloat16`, `resolve_kv_cache_dtype`): decode
-attention reads every cached K/V row each step at memory speed, and halving those
-bytes makes 32 streams 6-16% faster, but it moves greedy tokens (benchmarks/README.md,
-session 13).
+user's to make (`--dtype bfloat16`), not a default.
+
+The KV cache follows the weights' precision (`resolve_kv_cache_dtype`), as vLLM's
+follows the model dtype and llama.cpp keeps float16 K/V: a model whose linear
+layers keep weights in 16 bits or fewer (the file's GGUF blocks, bfloat16, int8)
+keeps K/V in bfloat16, rounded once as written and widened as read. Decode
+attention reads every cached K/V row of every sequence each step at memory speed,
+so that is a fifth of a 32-stream step, for an error far below the weights' own
+(benchmarks/README.md, sessions 13 and 18). Float32 weights (a float32 checkpoint,
+or `--dtype float32`, the reference path) keep float32 K/V.
 """
 
 import os
@@ -28,12 +33,12 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def resolve_kv_cache_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
-    """`--kv-cache-dtype`: auto is the model's dtype; a float32 model may keep K/V
-    narrower (bfloat16: half the bytes decode attention reads, at the cost measured
-    in benchmarks/README.md, session 13)."""
+def resolve_kv_cache_dtype(name: str, dtype: torch.dtype, narrow_weights: bool) -> torch.dtype:
+    """`--kv-cache-dtype`: auto is the model's dtype, or bfloat16 for a float32 model
+    whose weights are narrower (`narrow_weights`, quantization.py); a float32 model
+    may keep K/V in any of the three."""
     if name == "auto":
-        return dtype
+        return torch.bfloat16 if dtype == torch.float32 and narrow_weights else dtype
     if DTYPES[name] != dtype and dtype != torch.float32:
         raise ValueError(f"--kv-cache-dtype {name} with a {str(dtype).removeprefix('torch.')} model: "
                          "a 16-bit model keeps K/V in its own dtype (a float32 one may narrow them)")

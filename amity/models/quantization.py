@@ -369,6 +369,14 @@ SCHEMES = ("auto", *_LAYERS)
 _LM_HEAD_LAYERS = {"int4": _LAYERS["int8-weight"]}
 
 
+def narrow_weights(model: nn.Module) -> bool:
+    """Whether any linear layer of `model` keeps its weights in fewer than 32 bits
+    (file blocks, bfloat16, int8): what `--kv-cache-dtype auto` follows on a CPU."""
+    return any(buffer.dtype != torch.float32 for module in model.modules()
+               if isinstance(module, (_PanelLinear, Int8Linear))
+               for name, buffer in module.named_buffers(recurse=False) if name in ("weight_packed", "weight_t"))
+
+
 def resolve_scheme(quantization: str, dtype: str) -> str:
     """`auto` serves weights as the file gives them, except under an explicit
     `--dtype float32`: that is the float32 reference path (`none`)."""

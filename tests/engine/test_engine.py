@@ -134,14 +134,26 @@ def test_a_bfloat16_kv_cache_changes_nothing_between_batches_and_chunks(make_eng
 
 
 def test_the_kv_cache_dtype_by_default_and_on_request():
-    from amity.models.dtype import resolve_kv_cache_dtype
+    from torch import nn
 
-    assert resolve_kv_cache_dtype("auto", torch.float32) == torch.float32
-    assert resolve_kv_cache_dtype("auto", torch.bfloat16) == torch.bfloat16
-    assert resolve_kv_cache_dtype("bfloat16", torch.float32) == torch.bfloat16
-    assert resolve_kv_cache_dtype("float16", torch.float32) == torch.float16
+    from amity.models.dtype import resolve_kv_cache_dtype
+    from amity.models.quantization import narrow_weights, quantize_model
+
+    # auto follows the weights: float32 ones keep float32 K/V, narrower ones bfloat16.
+    assert resolve_kv_cache_dtype("auto", torch.float32, narrow_weights=False) == torch.float32
+    assert resolve_kv_cache_dtype("auto", torch.float32, narrow_weights=True) == torch.bfloat16
+    assert resolve_kv_cache_dtype("auto", torch.bfloat16, narrow_weights=True) == torch.bfloat16
+    assert resolve_kv_cache_dtype("auto", torch.bfloat16, narrow_weights=False) == torch.bfloat16
+    assert resolve_kv_cache_dtype("float32", torch.float32, narrow_weights=True) == torch.float32
+    assert resolve_kv_cache_dtype("bfloat16", torch.float32, narrow_weights=False) == torch.bfloat16
+    assert resolve_kv_cache_dtype("float16", torch.float32, narrow_weights=False) == torch.float16
     with pytest.raises(ValueError, match="keeps K/V in its own dtype"):
-        resolve_kv_cache_dtype("float32", torch.bfloat16)
+        resolve_kv_cache_dtype("float32", torch.bfloat16, narrow_weights=False)
+    cpu = torch.device("cpu")
+    layers = {scheme: quantize_model(nn.Sequential(nn.Linear(64, 32)), scheme, cpu)
+              for scheme in ("none", "auto", "bf16-weight", "int8", "int4")}
+    assert {scheme: narrow_weights(model) for scheme, model in layers.items()} == {
+        "none": False, "auto": False, "bf16-weight": True, "int8": True, "int4": True}
 
 
 def test_prefix_cache_hit_reports_cached_tokens_and_same_output(make_engine, alone, vocab_size):

@@ -196,6 +196,15 @@ def test_an_explicit_float32_dtype_is_the_reference_path():
     assert resolve_scheme("auto", "auto") == "auto" and resolve_scheme("int4", "float32") == "int4"
 
 
+def test_the_kv_cache_keeps_the_weights_precision(default_model):
+    # --kv-cache-dtype auto: the default model's file blocks keep K/V in bfloat16, the
+    # float32 reference path (--dtype float32) in float32.
+    blocks = LLMEngine(EngineConfig(kv_cache_memory="16MiB", num_threads=1), copy.deepcopy(default_model))
+    exact = LLMEngine(EngineConfig(dtype="float32", kv_cache_memory="16MiB", num_threads=1),
+                      copy.deepcopy(default_model))
+    assert (blocks.kv_cache.dtype, exact.kv_cache.dtype) == (torch.bfloat16, torch.float32)
+
+
 # benchmarks/README.md, session 7, over three 700-token texts: auto (the file's Q4_1 and
 # Q8_0) KL 0.0029-0.0035, argmax 96.6-97.9%; bf16 KL 0.00014-0.00018, 99.3-99.4%.
 # On this shorter text the bounds leave room; a broken kernel or packing falls far below.

@@ -372,7 +372,8 @@ def test_prompt_tiles_change_nothing_by_batch_chunk_cache_or_preemption(tiny_mod
     assert out.ordered_choices[0].token_ids == alone(follow_up).token_ids
     # A pool too small for all four: preempted requests recompute their outputs on
     # the blocks' path, not the prompt's.
-    small = engine(kv_cache_memory=str(14 * 2048), max_num_batched_tokens=16)  # 14 blocks of 2 KiB
+    block_bytes = reference.kv_cache.nbytes // reference.num_blocks
+    small = engine(kv_cache_memory=str(14 * block_bytes), max_num_batched_tokens=16)  # 14 blocks
     preempted = set()
     for i, p in enumerate(prompts):
         small.add_request(f"r{i}", p, params)
