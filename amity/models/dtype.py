@@ -11,10 +11,10 @@ The KV cache follows the weights' precision (`resolve_kv_cache_dtype`), as vLLM'
 follows the model dtype and llama.cpp keeps float16 K/V: a model whose linear
 layers keep weights in 16 bits or fewer (the file's GGUF blocks, bfloat16, int8)
 keeps K/V in bfloat16, rounded once as written and widened as read. Decode
-attention reads every cached K/V row of every sequence each step at memory speed,
-so that is a fifth of a 32-stream step, for an error far below the weights' own
-(benchmarks/README.md, sessions 13 and 18). Float32 weights (a float32 checkpoint,
-or `--dtype float32`, the reference path) keep float32 K/V.
+attention reads every cached K/V row of every sequence each step at memory speed:
+halving those bytes shortens a 32-stream step by about a fifth, for an error far
+below the weights' own (benchmarks/README.md, sessions 13 and 18). Float32 weights
+(a float32 checkpoint, or `--dtype float32`, the reference path) keep float32 K/V.
 """
 
 import os
