@@ -2,7 +2,8 @@
 
 K/V live in a pool of fixed-size blocks per layer: `[num_blocks, block_size,
 num_kv_heads, head_dim]`, in the model's dtype or, for a float32 model, a narrower
-one (`--kv-cache-dtype`): rounded once as they are written, and every read, the new
+one (`--kv-cache-dtype`; bfloat16 by default where the weights are narrower, dtype.py):
+rounded once as they are written, and every read, the new
 tokens' own included, sees the rounded values. An engine keeps every layer's pair in one tensor,
 `[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]` (`kv_cache[layer][0]`
 is that layer's K pool, a contiguous view), so a step passes the model one tensor.
