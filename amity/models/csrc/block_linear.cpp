@@ -603,9 +603,9 @@ const uint16_t* dequantize_panel(const void* weight, int64_t K2, int64_t panel, 
 }  // namespace
 
 namespace {
-// x's T rows on the int8 blocks above: float32 without bias into `out`'s rows, N
-// floats apart.
-void vnni_linear(const at::Tensor& x32, const at::Tensor& weight, int64_t format, float* out) {
+// x's T rows (T > 0) on the int8 blocks above: float32 without bias into `out`'s
+// rows, N floats apart; on both threads when `parallel`.
+void vnni_linear(const at::Tensor& x32, const at::Tensor& weight, int64_t format, bool parallel, float* out) {
   const int64_t T = x32.size(0), K = x32.size(1), N = weight.size(0) * NR;
   at::Tensor x_q = at::empty({T, K}, x32.options().dtype(at::kChar));
   at::Tensor x_scales = at::empty({2, T, K / KB}, x32.options());
@@ -619,7 +619,6 @@ void vnni_linear(const at::Tensor& x32, const at::Tensor& weight, int64_t format
   for (int64_t i = 0; i < T * (K / KB); ++i)
     quantize_block(xp + i * KB, qp + i * KB, dp[i], sp[i], np[i], hp + 2 * i);
   const Problem pb{{qp, dp, sp, np, hp}, weight.data_ptr<uint8_t>(), out, T, K, N};
-  const bool parallel = T > 0 && weight.numel() >= (128 << 10);  // waking a thread pays past ~64 KiB each
 #ifdef AMITY_BLOCK_INT8_TILES
   const bool on_int8_tiles = T >= TM && format <= Q8_0 && amity::amx_tiles();
 #else
@@ -636,13 +635,12 @@ void vnni_linear(const at::Tensor& x32, const at::Tensor& weight, int64_t format
 
 // x's T rows on AMX tiles, the weights dequantized to bfloat16 a panel at a time, into
 // `out`'s rows as above.
-void tiles_linear(const at::Tensor& x32, const at::Tensor& weight, int64_t format, float* out) {
+void tiles_linear(const at::Tensor& x32, const at::Tensor& weight, int64_t format, bool parallel, float* out) {
 #ifdef AMITY_BLOCK_TILES
   TORCH_CHECK(amity::amx_tiles(), "amity::block_linear: Linux refused this process AMX's tile state");
   const amity::PanelRows rows = format == Q4_0 ? dequantize_panel<Q4_0>
                                 : format == Q4_1 ? dequantize_panel<Q4_1> : dequantize_panel<Q8_0>;
-  amity::tile_linear(x32, weight.size(0) * NR, weight.data_ptr<uint8_t>(), rows,
-                     x32.size(0) > 0 && weight.numel() >= (128 << 10), out);
+  amity::tile_linear(x32, weight.size(0) * NR, weight.data_ptr<uint8_t>(), rows, parallel, out);
 #else
   TORCH_CHECK(false, "amity::block_linear: tiles need a CPU with AMX-BF16 (this build has none)");
 #endif
@@ -670,8 +668,9 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t f
   const int64_t N = weight.size(0) * NR;
   at::Tensor out = at::empty({T, N}, x32.options());
   float* o = out.data_ptr<float>();
-  const auto compute = [&](const at::Tensor& rows, bool tiled, float* into) {
-    (tiled ? tiles_linear : vnni_linear)(rows, weight, format, into);
+  const bool parallel = weight.numel() >= (128 << 10);  // waking a thread pays past ~64 KiB each
+  const auto compute = [&](const at::Tensor& rows, bool tiled, float* into) {  // rows: never empty
+    (tiled ? tiles_linear : vnni_linear)(rows, weight, format, parallel, into);
   };
   // Runs of rows on one path, (first row, tiled), in order. Counted here, not by
   // torch ops: a decode step calls this for every layer with no row on tiles, and
