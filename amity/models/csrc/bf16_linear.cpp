@@ -251,6 +251,10 @@ void amx_tile(const Problem& pb, int64_t K2_padded, const void* weight, amity::P
     if (k0 + KT > pb.K2) {  // the last step's pairs past K2 as zeros
       std::memset(tail, 0, sizeof tail);
       std::memcpy(tail, rows, (pb.K2 - k0) * stride);
+      // gcc's _tile_loadd is an asm statement that does not say it reads memory: a
+      // local buffer written only for it may be dropped as never read, or the
+      // writes moved past it. This compiler barrier keeps them before the load.
+      __asm__ volatile("" ::: "memory");
       rows = tail;
     }
     _tile_loadd(6, rows, stride);

@@ -424,6 +424,7 @@ void int8_tiles(const uint8_t* panel, const uint8_t* unpacked, uint8_t* scratch,
         weights = unpacked + b * UNPACKED;
       } else {
         unpack_block<F>(block, scratch);
+        __asm__ volatile("" ::: "memory");  // the unpacked bytes written before the tile loads them (bf16_linear.cpp)
         weights = scratch;
       }
     }
