@@ -1,8 +1,8 @@
 """Paged attention against its definition.
 
-Each case is a step mixing decodes, short chunks over a cached context (the C++
-kernel's in-place path), and long chunks with and without a cached context (its
-SDPA path), with blocks scattered through the pool. Both the C++ kernel and the
+Each case is a step mixing decodes, short chunks over a cached context, and long
+chunks with and without a cached context (the PyTorch reference's SDPA paths; the
+C++ kernel computes every row alone), with blocks scattered through the pool. Both the C++ kernel and the
 PyTorch reference must equal attention written out densely in float64: query i
 of a chunk of q_len tokens, context_len tokens long after the step, sees keys
 0 .. context_len - q_len + i, and query head h reads K/V head h // (H / Hkv).
@@ -15,17 +15,18 @@ from amity.models.attention import AttentionMetadata, reference_paged_attention
 from amity.models.cpu_kernels import load_cpu_kernels
 
 BLOCK_SIZE = 4
-NUM_BLOCKS = 64
+NUM_BLOCKS = 80
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 6, 2, 16
 # (query heads, kv heads, head_dim): the kernel's vectorized path holds head_dim /
 # 16 vectors per head and as many heads at a time as 16 registers allow (64: 4
 # of the 6 heads, then 2); a head_dim of 24 takes its plain loops.
 HEAD_SHAPES = [(6, 2, 16), (6, 1, 64), (4, 2, 24)]
 
-# (cached tokens before the step, new tokens this step); the in-place path scores
-# keys 16 at a time, and 41 or 35 keys end in partial groups of 16; the three fresh
-# chunks of 20 side by side share one SDPA call.
-STEP = [(9, 1), (0, 1), (3, 1), (5, 7), (0, 20), (0, 20), (0, 20), (11, 18), (2, 16), (0, 3), (40, 1), (33, 2)]
+# (cached tokens before the step, new tokens this step); the kernel scores keys 16
+# at a time, and 41 or 35 keys end in partial groups of 16; it splits chunks into
+# items of 32 rows (the chunk of 40); three fresh chunks of 20 sit side by side.
+STEP = [(9, 1), (0, 1), (3, 1), (5, 7), (0, 20), (0, 20), (0, 20), (11, 18), (2, 16), (0, 3), (40, 1), (33, 2),
+        (0, 40)]
 
 
 def _build_step(dtype, heads=(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM), cache_dtype=None):
@@ -123,6 +124,34 @@ def test_fresh_chunks_side_by_side_get_the_bits_they_get_alone():
         start = meta.query_start[s].item()
         alone = attend(slice(start, start + 20), slice(s, s + 1), k_cache.clone())
         assert torch.equal(together[start - first:start - first + 20], alone), s
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_a_rows_bits_do_not_depend_on_its_chunk(cache_dtype):
+    """Every query row is computed alone: a prompt attended whole, in chunks of any
+    length (as chunked prefill, a prefix-cache hit or a recompute after preemption
+    split it) or a row at a time gets the same bits."""
+    load_cpu_kernels()
+    gen = torch.Generator().manual_seed(1)
+    n, num_heads, num_kv_heads, head_dim = 70, 6, 2, 64
+    q = torch.randn(n, num_heads, head_dim, generator=gen)
+    k = torch.randn(n, num_kv_heads, head_dim, generator=gen)
+    v = torch.randn(n, num_kv_heads, head_dim, generator=gen)
+    table = torch.randperm(NUM_BLOCKS, generator=gen)[:-(-n // BLOCK_SIZE)]
+    positions = torch.arange(n)
+    slots = table[positions // BLOCK_SIZE] * BLOCK_SIZE + positions % BLOCK_SIZE
+
+    def attend(splits):
+        k_cache = torch.zeros(NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, head_dim, dtype=cache_dtype)
+        v_cache = torch.zeros_like(k_cache)
+        return torch.cat([torch.ops.amity.paged_attention(q[a:b], k[a:b], v[a:b], k_cache, v_cache, slots[a:b],
+                                                          torch.tensor([0, b - a]), torch.tensor([b]),
+                                                          table[None], head_dim ** -0.5)
+                          for a, b in zip(splits, splits[1:])])
+
+    whole = attend([0, n])
+    for splits in ([0, 20, 21, 53, n], [0, 33, n], list(range(n + 1))):
+        assert torch.equal(attend(splits), whole), splits
 
 
 def test_kernel_takes_strided_query():

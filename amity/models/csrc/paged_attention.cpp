@@ -5,8 +5,10 @@
 // This kernel walks each sequence's block table instead. One rule covers every
 // sequence of a step: query token i of a chunk of q_len tokens, with ctx_len
 // tokens in context after this step, sees keys 0 .. ctx_len - q_len + i.
-// Long chunks (prefills) still go through ATen's SDPA, whose blocked matmuls beat
-// this kernel's per-query loops there.
+// Each query row is computed alone, by the same code, whether it is a decode or
+// one row of a long prefill chunk: how a prompt is chunked, batched, cached or
+// recomputed never changes its bits (ATen's SDPA gives a row other bits in
+// another chunk), and a row reads only the keys it sees.
 
 #include <torch/extension.h>
 
@@ -14,6 +16,7 @@
 #include <immintrin.h>
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -26,9 +29,13 @@ using amity::contiguous_as;
 
 namespace {
 
-// A chunk longer than this runs through SDPA: fresh chunks (nothing cached before
-// them) of one length side by side batched, others each on a gathered context.
-constexpr int64_t kMaxInPlaceQueryLen = 16;
+// A thread's unit of work: one KV head of up to this many query rows of one
+// sequence, so that a long prompt's rows spread over the threads too.
+constexpr int64_t kRowsPerItem = 32;
+
+struct Rows {
+  int64_t seq, first, count;  // the sequence's query rows first .. first + count - 1
+};
 
 // The loops below are written so that the compiler vectorizes them (omp simd):
 // a K/V row is widened to float once, then every query head of its group uses it.
@@ -260,7 +267,7 @@ void attend_query_vectorized(const float* query, int64_t group, const cache_t* k
 template <typename scalar_t, typename cache_t>
 void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const int64_t* query_start, const int64_t* context_lens,
-                     const at::Tensor& block_tables, const std::vector<int64_t>& seqs,
+                     const at::Tensor& block_tables, const std::vector<Rows>& pieces,
                      double scale, at::Tensor& out) {
   const int64_t num_heads = q.size(1), head_dim = q.size(2);
   const int64_t num_kv_heads = k_cache.size(2), block_size = k_cache.size(1);
@@ -272,13 +279,13 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   scalar_t* out_ptr = out.data_ptr<scalar_t>();
   const int64_t slot_stride = num_kv_heads * head_dim;
-  const int64_t num_items = static_cast<int64_t>(seqs.size()) * num_kv_heads;
+  const int64_t num_items = static_cast<int64_t>(pieces.size()) * num_kv_heads;
   const float scale_f = static_cast<float>(scale);
 
   // Threads pay off only past a few thousand key rows: a batch-1 decode stays on
   // one thread rather than wake the pool for microseconds of work.
   int64_t num_key_rows = 0;
-  for (int64_t s : seqs) num_key_rows += context_lens[s] * (query_start[s + 1] - query_start[s]);
+  for (const Rows& piece : pieces) num_key_rows += context_lens[piece.seq] * piece.count;
   // Items are handed out one at a time (dynamic): contexts differ in length, and a
   // thread that loses its core to the server's event loop leaves its items to the other.
   const bool parallel = num_key_rows * num_kv_heads >= 1024;
@@ -288,11 +295,12 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
     std::vector<float> inv_sum(group);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < num_items; ++item) {
-      const int64_t s = seqs[item / num_kv_heads], kv_head = item % num_kv_heads;
+      const Rows& piece = pieces[item / num_kv_heads];
+      const int64_t s = piece.seq, kv_head = item % num_kv_heads;
       const int64_t start = query_start[s], q_len = query_start[s + 1] - start;
       const int64_t ctx_len = context_lens[s];
       const int64_t* table = tables + s * max_blocks;
-      for (int64_t i = 0; i < q_len; ++i) {
+      for (int64_t i = piece.first; i < piece.first + piece.count; ++i) {
         const int64_t num_keys = ctx_len - q_len + i + 1;
         const int64_t token = start + i;
         for (int64_t g = 0; g < group; ++g) {
@@ -356,42 +364,6 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   }
 }
 
-// `count` fresh chunks of q_len tokens each (nothing cached before them), one after
-// another from row `start`: one SDPA call over a batch of them. ATen's flash
-// attention splits its work by sequence length, not batch, and each (sequence, head,
-// query block) is its own task: a chunk gets the bits it gets alone.
-void attend_fresh(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t start, int64_t count,
-                  int64_t q_len, double scale, at::Tensor& out) {
-  const auto batch = [&](const at::Tensor& t) {  // [count * q_len, heads, D] -> [count, heads, q_len, D]
-    return t.narrow(0, start, count * q_len).view({count, q_len, t.size(1), t.size(2)}).transpose(1, 2);
-  };
-  at::Tensor o = at::scaled_dot_product_attention(batch(q), batch(k).to(q.scalar_type()),
-                                                  batch(v).to(q.scalar_type()), std::nullopt, 0.0,
-                                                  /*is_causal=*/true, scale, /*enable_gqa=*/true);
-  batch(out).copy_(o);
-}
-
-void attend_gathered(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t start,
-                     int64_t q_len, int64_t ctx_len, const at::Tensor& table, double scale,
-                     at::Tensor& out) {
-  const int64_t num_kv_heads = k_cache.size(2), head_dim = k_cache.size(3);
-  const int64_t block_size = k_cache.size(1);
-  at::Tensor q_i = q.narrow(0, start, q_len).transpose(0, 1).unsqueeze(0);
-  const int64_t num_blocks = (ctx_len + block_size - 1) / block_size;
-  at::Tensor slots = (table.narrow(0, 0, num_blocks).unsqueeze(1) * block_size +
-                      at::arange(block_size, table.options()))
-                         .reshape({-1})
-                         .narrow(0, 0, ctx_len);
-  at::Tensor k_i = k_cache.view({-1, num_kv_heads, head_dim}).index_select(0, slots).to(q.scalar_type());
-  at::Tensor v_i = v_cache.view({-1, num_kv_heads, head_dim}).index_select(0, slots).to(q.scalar_type());
-  at::Tensor q_pos = at::arange(ctx_len - q_len, ctx_len, table.options());
-  at::Tensor mask = at::arange(ctx_len, table.options()).unsqueeze(0) <= q_pos.unsqueeze(1);
-  at::Tensor o = at::scaled_dot_product_attention(
-      q_i, k_i.transpose(0, 1).unsqueeze(0), v_i.transpose(0, 1).unsqueeze(0), mask, 0.0,
-      /*is_causal=*/false, scale, /*enable_gqa=*/true);
-  out.narrow(0, start, q_len).copy_(o.squeeze(0).transpose(0, 1));
-}
-
 // The step's new K/V rows into their slots: a row copy per token, which is all
 // index_copy_ does, without its dispatch and iterator set-up per call.
 void write_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k_in,
@@ -440,37 +412,27 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_in, const
   const int64_t* starts = query_start.data_ptr<int64_t>();
   const int64_t* ctx = context_lens.data_ptr<int64_t>();
 
-  std::vector<int64_t> in_place;
+  std::vector<Rows> pieces;
   const int64_t num_seqs = context_lens.size(0);
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = starts[s + 1] - starts[s];
-    if (q_len <= kMaxInPlaceQueryLen) {
-      in_place.push_back(s);
-    } else if (ctx[s] == q_len) {
-      // Fresh chunks of one length side by side (a batch of new prompts): one call.
-      int64_t count = 1;
-      while (s + count < num_seqs && starts[s + count + 1] - starts[s + count] == q_len && ctx[s + count] == q_len)
-        ++count;
-      attend_fresh(q, k, v, starts[s], count, q_len, scale, out);
-      s += count - 1;
-    } else {
-      attend_gathered(q, k_cache, v_cache, starts[s], q_len, ctx[s], block_tables[s],
-                      scale, out);
-    }
+    TORCH_CHECK(q_len >= 0 && q_len <= ctx[s], "sequence ", s, ": ", q_len, " new tokens in a context of ", ctx[s]);
+    for (int64_t first = 0; first < q_len; first += kRowsPerItem)
+      pieces.push_back({s, first, std::min(kRowsPerItem, q_len - first)});
   }
-  if (!in_place.empty()) {
+  if (!pieces.empty()) {
     const at::ScalarType q_type = q.scalar_type(), cache_type = k_cache.scalar_type();
     if (q_type == at::kFloat && cache_type == at::kFloat)
-      attend_in_place<float, float>(q, k_cache, v_cache, starts, ctx, block_tables, in_place, scale, out);
+      attend_in_place<float, float>(q, k_cache, v_cache, starts, ctx, block_tables, pieces, scale, out);
     else if (q_type == at::kFloat && cache_type == at::kBFloat16)
-      attend_in_place<float, c10::BFloat16>(q, k_cache, v_cache, starts, ctx, block_tables, in_place, scale, out);
+      attend_in_place<float, c10::BFloat16>(q, k_cache, v_cache, starts, ctx, block_tables, pieces, scale, out);
     else if (q_type == at::kFloat && cache_type == at::kHalf)
-      attend_in_place<float, c10::Half>(q, k_cache, v_cache, starts, ctx, block_tables, in_place, scale, out);
+      attend_in_place<float, c10::Half>(q, k_cache, v_cache, starts, ctx, block_tables, pieces, scale, out);
     else if (q_type == at::kBFloat16 && cache_type == at::kBFloat16)
-      attend_in_place<c10::BFloat16, c10::BFloat16>(q, k_cache, v_cache, starts, ctx, block_tables, in_place, scale,
+      attend_in_place<c10::BFloat16, c10::BFloat16>(q, k_cache, v_cache, starts, ctx, block_tables, pieces, scale,
                                                     out);
     else if (q_type == at::kHalf && cache_type == at::kHalf)
-      attend_in_place<c10::Half, c10::Half>(q, k_cache, v_cache, starts, ctx, block_tables, in_place, scale, out);
+      attend_in_place<c10::Half, c10::Half>(q, k_cache, v_cache, starts, ctx, block_tables, pieces, scale, out);
     else
       TORCH_CHECK(false, "amity::paged_attention: queries in ", q_type, " with a ", cache_type,
                   " KV cache (it takes float32 queries with a float32, bfloat16 or float16 cache, "
