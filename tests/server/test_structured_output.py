@@ -65,7 +65,7 @@ def test_completions_json_schema_regex_and_object(http):
 
 def test_chat_json_schema_streaming_and_not(http):
     body = {"messages": [SYSTEM, {"role": "user", "content": "Describe a grocery item."}],
-            "n": 4, "seed": 1, "temperature": 1.0, "max_tokens": 48,
+            "n": 4, "seed": 1, "temperature": 1.0, "max_tokens": 64,
             "response_format": {"type": "json_schema", "json_schema": {"schema": ITEM}}}
     res = http.post("/v1/chat/completions", json=body)
     assert res.status_code == 200, res.text
