@@ -16,11 +16,11 @@ continuing a chunked prefill: query token i of a chunk of q_len tokens, with
 context_len tokens in context after this step, sees keys 0 .. context_len - q_len + i.
 
 On the CPU the work is our C++ kernel (csrc/paged_attention.cpp), which reads
-K/V in place through the block tables and computes each query row alone, so how a
-prompt is chunked or cached never changes a row's bits. On other devices it is plain PyTorch
-(`reference_paged_attention`), which gathers each context and runs SDPA: decodes
-as one padded batch, longer chunks one sequence at a time. The tests hold both
-to the definition.
+K/V in place through the block tables and computes each query row alone, so how
+a prompt is chunked or cached never changes a row's bits. On other devices it is
+plain PyTorch (`reference_paged_attention`), which gathers each context and runs
+SDPA: decodes as one padded batch, longer chunks one sequence at a time. The
+tests hold both to the definition.
 """
 
 from dataclasses import dataclass

@@ -2,10 +2,11 @@
 
 Each case is a step mixing decodes, short chunks over a cached context, and long
 chunks with and without a cached context (the PyTorch reference's SDPA paths; the
-C++ kernel computes every row alone), with blocks scattered through the pool. Both the C++ kernel and the
-PyTorch reference must equal attention written out densely in float64: query i
-of a chunk of q_len tokens, context_len tokens long after the step, sees keys
-0 .. context_len - q_len + i, and query head h reads K/V head h // (H / Hkv).
+C++ kernel computes every row alone), with blocks scattered through the pool. Both
+the C++ kernel and the PyTorch reference must equal attention written out densely
+in float64: query i of a chunk of q_len tokens, context_len tokens long after the
+step, sees keys 0 .. context_len - q_len + i, and query head h reads K/V head
+h // (H / Hkv).
 """
 
 import pytest
