@@ -8,7 +8,9 @@
 // Each query row is computed alone, by the same code, whether it is a decode or
 // one row of a long prefill chunk: how a prompt is chunked, batched, cached or
 // recomputed never changes its bits (ATen's SDPA gives a row other bits in
-// another chunk), and a row reads only the keys it sees.
+// another chunk), and a row reads only the keys it sees. The rows of a work item
+// share each key's loading and widening (a key read once serves up to 32 rows of
+// 1-9 heads), but not their arithmetic.
 
 #include <torch/extension.h>
 
@@ -185,80 +187,122 @@ inline __m512 exp16_nonpositive(__m512 x) {
 }
 
 constexpr int kMaxVectorHeadDim = 256;
+// A block of rows keeps every row's scores (each row's softmax needs all of its
+// own): rows per pass are capped so that their scores stay within ~1 MiB.
+constexpr int64_t kMostScoreFloats = 256 << 10;
 
-// One query token against its kv head's num_keys keys, for its `group` query
-// heads: query [group][16 * NV] (scaled), scores [group][num_keys rounded up to
-// 16] scratch; writes out_rows[g][d] for the group's heads.
-template <typename scalar_t, typename cache_t, int NV>
-void attend_query_vectorized(const float* query, int64_t group, const cache_t* k_cache,
-                             const cache_t* v_cache, const int64_t* table, int64_t num_keys,
-                             int64_t block_size, int64_t slot_stride, int64_t head_offset,
-                             float* scores, float* inv_sum, scalar_t* out, int64_t out_head_stride) {
+// Widens K or V rows j0 .. j0 + count - 1 (count <= 16) of one head to float,
+// into rows[0 .. 16) of D floats; rows past count repeat row 0 (lanes no query
+// uses). Prefetches each next block of the table as its predecessor is reached.
+template <typename cache_t, int NV>
+inline void widen_keys(const cache_t* cache, const int64_t* table, int64_t j0, int64_t count, int64_t num_keys,
+                       int64_t block_size, int64_t slot_stride, int64_t head_offset, float* rows) {
   constexpr int D = 16 * NV;
-  const int64_t padded = (num_keys + 15) / 16 * 16;
-  // Keys are visited in order (walk_context, which prefetches each next block) and
-  // scored 16 at a time.
-  const cache_t* keys[16];
-  auto score_keys = [&](int64_t j0, int64_t count) {
-    for (int64_t jj = count; jj < 16; ++jj) keys[jj] = keys[0];  // lanes past the end: ignored
-    for (int64_t g = 0; g < group; ++g) {
-      __m512 q[NV], partial[16];
-      for (int v = 0; v < NV; ++v) q[v] = _mm512_loadu_ps(query + g * D + 16 * v);
-      for (int jj = 0; jj < 16; ++jj) {
-        __m512 acc = _mm512_mul_ps(q[0], load16(keys[jj]));
-        for (int v = 1; v < NV; ++v) acc = _mm512_fmadd_ps(q[v], load16(keys[jj] + 16 * v), acc);
-        partial[jj] = acc;
-      }
-      _mm512_storeu_ps(scores + g * padded + j0, fold16(partial));
-    }
-  };
-  walk_context(k_cache, table, num_keys, block_size, slot_stride, head_offset, D,
-               [&](int64_t j, const cache_t* key) {
-    keys[j % 16] = key;
-    if (j % 16 == 15 || j + 1 == num_keys) score_keys(j - j % 16, j % 16 + 1);
-  });
-  const __mmask16 tail = static_cast<__mmask16>((1u << (num_keys - (padded - 16))) - 1);
-  for (int64_t g = 0; g < group; ++g) {
-    float* sc = scores + g * padded;
-    __m512 top = _mm512_set1_ps(-INFINITY);
-    for (int64_t j0 = 0; j0 < padded; j0 += 16)
-      top = _mm512_max_ps(top, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), j0 + 16 < padded ? 0xFFFF : tail, sc + j0));
-    const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(top));
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t j0 = 0; j0 < padded; j0 += 16) {
-      const __m512 e = _mm512_maskz_mov_ps(j0 + 16 < padded ? 0xFFFF : tail,
-                                           exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(sc + j0), max)));
-      _mm512_storeu_ps(sc + j0, e);
-      sum = _mm512_add_ps(sum, e);
-    }
-    inv_sum[g] = 1.f / _mm512_reduce_add_ps(sum);
+  for (int64_t jj = 0; jj < 16; ++jj) {
+    const int64_t j = j0 + (jj < count ? jj : 0);
+    if (jj < count && j % block_size == 0 && j + block_size < num_keys)
+      prefetch_block(cache + table[j / block_size + 1] * block_size * slot_stride + head_offset, block_size,
+                     slot_stride, D);
+    const cache_t* row = cache + (table[j / block_size] * block_size + j % block_size) * slot_stride + head_offset;
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(rows + jj * D + 16 * v, load16(row + 16 * v));
   }
-  // Values: as many query heads at a time as 16 accumulator registers hold.
-  constexpr int GC = NV >= 16 ? 1 : 16 / NV;
-  for (int64_t g0 = 0; g0 < group; g0 += GC) {
-    const int64_t gn = std::min<int64_t>(GC, group - g0);
-    __m512 acc[GC][NV];
-    for (int g = 0; g < GC; ++g)
-      for (int v = 0; v < NV; ++v) acc[g][v] = _mm512_setzero_ps();
-    walk_context(v_cache, table, num_keys, block_size, slot_stride, head_offset, D,
-                 [&](int64_t j, const cache_t* value) {
-      __m512 vr[NV];
-      for (int v = 0; v < NV; ++v) vr[v] = load16(value + 16 * v);
-      for (int g = 0; g < GC; ++g)
-        if (g < gn) {
-          const __m512 p = _mm512_set1_ps(scores[(g0 + g) * padded + j]);
-          for (int v = 0; v < NV; ++v) acc[g][v] = _mm512_fmadd_ps(p, vr[v], acc[g][v]);
+}
+
+// Query rows r = 0 .. num_rows - 1 of one sequence against their kv head's keys,
+// row r seeing keys 0 .. first_keys + r - 1, for its `group` query heads: queries
+// [num_rows][group][16 * NV] (scaled). Each 16 keys (and values) are widened once
+// for every row and head; a row's arithmetic is the same whatever the block, so
+// its bits are those it gets alone. Scratch: scores [num_rows * group][stride],
+// stride = the most keys rounded up to 16; inv_sum [num_rows * group]; acc_rows
+// [num_rows * group][16 * NV]; block_rows [16][16 * NV]. Writes row r's heads at
+// out + r * out_row_stride, out_head_stride apart.
+template <typename scalar_t, typename cache_t, int NV>
+void attend_rows_vectorized(const float* queries, int64_t num_rows, int64_t group, int64_t first_keys,
+                            const cache_t* k_cache, const cache_t* v_cache, const int64_t* table,
+                            int64_t block_size, int64_t slot_stride, int64_t head_offset, float* scores,
+                            float* inv_sum, float* acc_rows, float* block_rows, scalar_t* out,
+                            int64_t out_row_stride, int64_t out_head_stride) {
+  constexpr int D = 16 * NV;
+  const int64_t most_keys = first_keys + num_rows - 1;
+  const int64_t stride = (most_keys + 15) / 16 * 16;
+  // Scores, 16 keys at a time: the rows that see key j0 are r >= j0 - first_keys + 1.
+  for (int64_t j0 = 0; j0 < most_keys; j0 += 16) {
+    widen_keys<cache_t, NV>(k_cache, table, j0, std::min<int64_t>(16, most_keys - j0), most_keys, block_size,
+                            slot_stride, head_offset, block_rows);
+    for (int64_t r = std::max<int64_t>(0, j0 - first_keys + 1); r < num_rows; ++r)
+      for (int64_t g = 0; g < group; ++g) {
+        const float* query = queries + (r * group + g) * D;
+        __m512 q[NV], partial[16];
+        for (int v = 0; v < NV; ++v) q[v] = _mm512_loadu_ps(query + 16 * v);
+        for (int jj = 0; jj < 16; ++jj) {
+          const float* key = block_rows + jj * D;
+          __m512 acc = _mm512_mul_ps(q[0], _mm512_loadu_ps(key));
+          for (int v = 1; v < NV; ++v) acc = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(key + 16 * v), acc);
+          partial[jj] = acc;
         }
-    });
-    for (int g = 0; g < GC; ++g)
-      if (g < gn) {
-        const float inv = inv_sum[g0 + g];
-        alignas(64) float row[D];
-        for (int v = 0; v < NV; ++v) _mm512_storeu_ps(row + 16 * v, _mm512_mul_ps(acc[g][v], _mm512_set1_ps(inv)));
-        scalar_t* dst = out + (g0 + g) * out_head_stride;
-        for (int d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(row[d]);
+        _mm512_storeu_ps(scores + (r * group + g) * stride + j0, fold16(partial));
       }
   }
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const int64_t num_keys = first_keys + r, padded = (num_keys + 15) / 16 * 16;
+    const __mmask16 tail = static_cast<__mmask16>((1u << (num_keys - (padded - 16))) - 1);
+    for (int64_t g = 0; g < group; ++g) {
+      float* sc = scores + (r * group + g) * stride;
+      __m512 top = _mm512_set1_ps(-INFINITY);
+      for (int64_t j0 = 0; j0 < padded; j0 += 16)
+        top = _mm512_max_ps(top, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), j0 + 16 < padded ? 0xFFFF : tail, sc + j0));
+      const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+      __m512 sum = _mm512_setzero_ps();
+      for (int64_t j0 = 0; j0 < padded; j0 += 16) {
+        const __m512 e = _mm512_maskz_mov_ps(j0 + 16 < padded ? 0xFFFF : tail,
+                                             exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(sc + j0), max)));
+        _mm512_storeu_ps(sc + j0, e);
+        sum = _mm512_add_ps(sum, e);
+      }
+      inv_sum[r * group + g] = 1.f / _mm512_reduce_add_ps(sum);
+    }
+  }
+  // Values: each row's heads accumulate in key order, as many heads at a time as
+  // 16 registers hold, kept in acc_rows between blocks of 16 values.
+  constexpr int GC = NV >= 16 ? 1 : 16 / NV;
+  std::fill(acc_rows, acc_rows + num_rows * group * D, 0.f);
+  for (int64_t j0 = 0; j0 < most_keys; j0 += 16) {
+    widen_keys<cache_t, NV>(v_cache, table, j0, std::min<int64_t>(16, most_keys - j0), most_keys, block_size,
+                            slot_stride, head_offset, block_rows);
+    for (int64_t r = std::max<int64_t>(0, j0 - first_keys + 1); r < num_rows; ++r) {
+      const int64_t count = std::min<int64_t>(16, first_keys + r - j0);
+      for (int64_t g0 = 0; g0 < group; g0 += GC) {
+        const int64_t gn = std::min<int64_t>(GC, group - g0);
+        float* acc_row = acc_rows + (r * group + g0) * D;
+        const float* p_row = scores + (r * group + g0) * stride + j0;
+        __m512 acc[GC][NV];
+        for (int g = 0; g < GC; ++g)
+          if (g < gn)
+            for (int v = 0; v < NV; ++v) acc[g][v] = _mm512_loadu_ps(acc_row + g * D + 16 * v);
+        for (int64_t jj = 0; jj < count; ++jj) {
+          __m512 vr[NV];
+          for (int v = 0; v < NV; ++v) vr[v] = _mm512_loadu_ps(block_rows + jj * D + 16 * v);
+          for (int g = 0; g < GC; ++g)
+            if (g < gn) {
+              const __m512 p = _mm512_set1_ps(p_row[g * stride + jj]);
+              for (int v = 0; v < NV; ++v) acc[g][v] = _mm512_fmadd_ps(p, vr[v], acc[g][v]);
+            }
+        }
+        for (int g = 0; g < GC; ++g)
+          if (g < gn)
+            for (int v = 0; v < NV; ++v) _mm512_storeu_ps(acc_row + g * D + 16 * v, acc[g][v]);
+      }
+    }
+  }
+  for (int64_t r = 0; r < num_rows; ++r)
+    for (int64_t g = 0; g < group; ++g) {
+      const __m512 inv = _mm512_set1_ps(inv_sum[r * group + g]);
+      const float* acc_row = acc_rows + (r * group + g) * D;
+      alignas(64) float row[D];
+      for (int v = 0; v < NV; ++v) _mm512_storeu_ps(row + 16 * v, _mm512_mul_ps(_mm512_loadu_ps(acc_row + 16 * v), inv));
+      scalar_t* dst = out + r * out_row_stride + g * out_head_stride;
+      for (int d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(row[d]);
+    }
 }
 #endif
 
@@ -291,8 +335,9 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   const bool parallel = num_key_rows * num_kv_heads >= 1024;
 #pragma omp parallel if (parallel)
   {
-    std::vector<float> query(group * head_dim), acc(group * head_dim), row(head_dim), scores;
-    std::vector<float> inv_sum(group);
+    // One item's query rows, scaled: [row][head of the group][head_dim].
+    std::vector<float> queries(kRowsPerItem * group * head_dim), acc(kRowsPerItem * group * head_dim);
+    std::vector<float> row(head_dim), block_rows(16 * head_dim), scores, inv_sum(kRowsPerItem * group);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < num_items; ++item) {
       const Rows& piece = pieces[item / num_kv_heads];
@@ -300,36 +345,46 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
       const int64_t start = query_start[s], q_len = query_start[s + 1] - start;
       const int64_t ctx_len = context_lens[s];
       const int64_t* table = tables + s * max_blocks;
-      for (int64_t i = piece.first; i < piece.first + piece.count; ++i) {
-        const int64_t num_keys = ctx_len - q_len + i + 1;
-        const int64_t token = start + i;
+      for (int64_t r = 0; r < piece.count; ++r)
         for (int64_t g = 0; g < group; ++g) {
-          float* qg = query.data() + g * head_dim;
-          const float* src = widen(q_ptr + (token * num_heads + kv_head * group + g) * head_dim,
+          float* qg = queries.data() + (r * group + g) * head_dim;
+          const float* src = widen(q_ptr + ((start + piece.first + r) * num_heads + kv_head * group + g) * head_dim,
                                    row.data(), head_dim);
 #pragma omp simd
           for (int64_t d = 0; d < head_dim; ++d) qg[d] = src[d] * scale_f;
         }
+      // Query row i of the sequence's chunk sees keys 0 .. ctx_len - q_len + i.
+      const int64_t first_keys = ctx_len - q_len + piece.first + 1;
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
-        if (head_dim % 16 == 0 && head_dim <= kMaxVectorHeadDim) {
-          scores.resize(group * ((num_keys + 15) / 16 * 16));
-          scalar_t* out_rows = out_ptr + (token * num_heads + kv_head * group) * head_dim;
+      if (head_dim % 16 == 0 && head_dim <= kMaxVectorHeadDim) {
+        const int64_t stride = (first_keys + piece.count - 1 + 15) / 16 * 16;
+        const int64_t per_pass = std::clamp<int64_t>(kMostScoreFloats / (group * stride), 1, piece.count);
+        for (int64_t r0 = 0; r0 < piece.count; r0 += per_pass) {
+          const int64_t n = std::min(per_pass, piece.count - r0);
+          scores.resize(n * group * stride);
+          scalar_t* out_rows = out_ptr + ((start + piece.first + r0) * num_heads + kv_head * group) * head_dim;
           switch (head_dim / 16) {
-#define AMITY_NV(NV) case NV: attend_query_vectorized<scalar_t, cache_t, NV>(query.data(), group, k_ptr, v_ptr, table, \
-              num_keys, block_size, slot_stride, kv_head * head_dim, scores.data(), inv_sum.data(), out_rows, head_dim); break;
+#define AMITY_NV(NV) case NV: attend_rows_vectorized<scalar_t, cache_t, NV>(queries.data() + r0 * group * head_dim, \
+              n, group, first_keys + r0, k_ptr, v_ptr, table, block_size, slot_stride, kv_head * head_dim, \
+              scores.data(), inv_sum.data(), acc.data(), block_rows.data(), out_rows, num_heads * head_dim, head_dim); break;
             AMITY_NV(1) AMITY_NV(2) AMITY_NV(3) AMITY_NV(4) AMITY_NV(5) AMITY_NV(6) AMITY_NV(7) AMITY_NV(8)
             AMITY_NV(9) AMITY_NV(10) AMITY_NV(11) AMITY_NV(12) AMITY_NV(13) AMITY_NV(14) AMITY_NV(15) AMITY_NV(16)
 #undef AMITY_NV
           }
-          continue;
         }
+        continue;
+      }
 #endif
+      // Other head sizes and CPUs: row by row, in the same order of keys.
+      for (int64_t r = 0; r < piece.count; ++r) {
+        const int64_t num_keys = first_keys + r;
+        const float* query = queries.data() + r * group * head_dim;
         scores.resize(group * num_keys);
         walk_context(k_ptr, table, num_keys, block_size, slot_stride, kv_head * head_dim, head_dim,
                      [&](int64_t j, const cache_t* key) {
           const float* kr = widen(key, row.data(), head_dim);
           for (int64_t g = 0; g < group; ++g)
-            scores[g * num_keys + j] = dot(query.data() + g * head_dim, kr, head_dim);
+            scores[g * num_keys + j] = dot(query + g * head_dim, kr, head_dim);
         });
         for (int64_t g = 0; g < group; ++g) {
           float* sc = scores.data() + g * num_keys;
@@ -343,7 +398,7 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
           }
           inv_sum[g] = 1.f / sum;
         }
-        std::fill(acc.begin(), acc.end(), 0.f);
+        std::fill(acc.begin(), acc.begin() + group * head_dim, 0.f);
         walk_context(v_ptr, table, num_keys, block_size, slot_stride, kv_head * head_dim, head_dim,
                      [&](int64_t j, const cache_t* value) {
           const float* vr = widen(value, row.data(), head_dim);
@@ -355,7 +410,7 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
           }
         });
         for (int64_t g = 0; g < group; ++g) {
-          scalar_t* dst = out_ptr + (token * num_heads + kv_head * group + g) * head_dim;
+          scalar_t* dst = out_ptr + ((start + piece.first + r) * num_heads + kv_head * group + g) * head_dim;
           for (int64_t d = 0; d < head_dim; ++d)
             dst[d] = static_cast<scalar_t>(acc[g * head_dim + d] * inv_sum[g]);
         }
