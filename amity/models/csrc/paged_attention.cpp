@@ -191,21 +191,74 @@ constexpr int kMaxVectorHeadDim = 256;
 // own): rows per pass are capped so that their scores stay within ~1 MiB.
 constexpr int64_t kMostScoreFloats = 256 << 10;
 
-// Widens K or V rows j0 .. j0 + count - 1 (count <= 16) of one head to float,
-// into rows[0 .. 16) of D floats; rows past count repeat row 0 (lanes no query
-// uses). Prefetches each next block of the table as its predecessor is reached.
-template <typename cache_t, int NV>
-inline void widen_keys(const cache_t* cache, const int64_t* table, int64_t j0, int64_t count, int64_t num_keys,
-                       int64_t block_size, int64_t slot_stride, int64_t head_offset, float* rows) {
-  constexpr int D = 16 * NV;
+// Points rows[0 .. 16) at one head's K or V of keys j0 .. j0 + count - 1 (count <=
+// 16) in the pool; rows past count repeat row 0 (lanes no query uses). Prefetches
+// each next block of the table as its predecessor is reached.
+template <typename cache_t>
+inline void key_rows(const cache_t* cache, const int64_t* table, int64_t j0, int64_t count, int64_t num_keys,
+                     int64_t block_size, int64_t slot_stride, int64_t head_offset, int64_t head_dim,
+                     const cache_t** rows) {
   for (int64_t jj = 0; jj < 16; ++jj) {
     const int64_t j = j0 + (jj < count ? jj : 0);
     if (jj < count && j % block_size == 0 && j + block_size < num_keys)
       prefetch_block(cache + table[j / block_size + 1] * block_size * slot_stride + head_offset, block_size,
-                     slot_stride, D);
-    const cache_t* row = cache + (table[j / block_size] * block_size + j % block_size) * slot_stride + head_offset;
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(rows + jj * D + 16 * v, load16(row + 16 * v));
+                     slot_stride, head_dim);
+    rows[jj] = cache + (table[j / block_size] * block_size + j % block_size) * slot_stride + head_offset;
   }
+}
+
+// Widens those 16 rows to float, into rows[0 .. 16) of 16 * NV floats.
+template <typename cache_t, int NV>
+inline void widen_keys(const cache_t* cache, const int64_t* table, int64_t j0, int64_t count, int64_t num_keys,
+                       int64_t block_size, int64_t slot_stride, int64_t head_offset, float* rows) {
+  constexpr int D = 16 * NV;
+  const cache_t* from[16];
+  key_rows(cache, table, j0, count, num_keys, block_size, slot_stride, head_offset, D, from);
+  for (int64_t jj = 0; jj < 16; ++jj)
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(rows + jj * D + 16 * v, load16(from[jj] + 16 * v));
+}
+
+// Each row's softmax over its own keys, in place: row r (of num_rows, each with
+// `group` heads, `stride` floats apart) sees first_keys + r keys; its exps, zeros
+// past its keys up to a multiple of 16, and 1 / their sum in inv_sum.
+inline void softmax_rows(float* scores, int64_t num_rows, int64_t group, int64_t first_keys, int64_t stride,
+                         float* inv_sum) {
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const int64_t num_keys = first_keys + r, padded = (num_keys + 15) / 16 * 16;
+    const __mmask16 tail = static_cast<__mmask16>((1u << (num_keys - (padded - 16))) - 1);
+    for (int64_t g = 0; g < group; ++g) {
+      float* sc = scores + (r * group + g) * stride;
+      __m512 top = _mm512_set1_ps(-INFINITY);
+      for (int64_t j0 = 0; j0 < padded; j0 += 16)
+        top = _mm512_max_ps(top, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), j0 + 16 < padded ? 0xFFFF : tail, sc + j0));
+      const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+      __m512 sum = _mm512_setzero_ps();
+      for (int64_t j0 = 0; j0 < padded; j0 += 16) {
+        const __m512 e = _mm512_maskz_mov_ps(j0 + 16 < padded ? 0xFFFF : tail,
+                                             exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(sc + j0), max)));
+        _mm512_storeu_ps(sc + j0, e);
+        sum = _mm512_add_ps(sum, e);
+      }
+      inv_sum[r * group + g] = 1.f / _mm512_reduce_add_ps(sum);
+    }
+  }
+}
+
+// out's rows (row r's heads at out + r * out_row_stride, out_head_stride apart) =
+// acc_rows (D floats each) times each head's inv_sum, in out's type.
+template <typename scalar_t, int D>
+inline void write_rows(const float* acc_rows, const float* inv_sum, int64_t num_rows, int64_t group, scalar_t* out,
+                       int64_t out_row_stride, int64_t out_head_stride) {
+  for (int64_t r = 0; r < num_rows; ++r)
+    for (int64_t g = 0; g < group; ++g) {
+      const __m512 inv = _mm512_set1_ps(inv_sum[r * group + g]);
+      const float* acc_row = acc_rows + (r * group + g) * D;
+      alignas(64) float row[D];
+      for (int v = 0; v < D / 16; ++v)
+        _mm512_storeu_ps(row + 16 * v, _mm512_mul_ps(_mm512_loadu_ps(acc_row + 16 * v), inv));
+      scalar_t* dst = out + r * out_row_stride + g * out_head_stride;
+      for (int d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(row[d]);
+    }
 }
 
 // Query rows r = 0 .. num_rows - 1 of one sequence against their kv head's keys,
@@ -214,8 +267,7 @@ inline void widen_keys(const cache_t* cache, const int64_t* table, int64_t j0, i
 // for every row and head; a row's arithmetic is the same whatever the block, so
 // its bits are those it gets alone. Scratch: scores [num_rows * group][stride],
 // stride = the most keys rounded up to 16; inv_sum [num_rows * group]; acc_rows
-// [num_rows * group][16 * NV]; block_rows [16][16 * NV]. Writes row r's heads at
-// out + r * out_row_stride, out_head_stride apart.
+// [num_rows * group][16 * NV]; block_rows [16][16 * NV]. Writes as write_rows.
 template <typename scalar_t, typename cache_t, int NV>
 void attend_rows_vectorized(const float* queries, int64_t num_rows, int64_t group, int64_t first_keys,
                             const cache_t* k_cache, const cache_t* v_cache, const int64_t* table,
@@ -243,25 +295,7 @@ void attend_rows_vectorized(const float* queries, int64_t num_rows, int64_t grou
         _mm512_storeu_ps(scores + (r * group + g) * stride + j0, fold16(partial));
       }
   }
-  for (int64_t r = 0; r < num_rows; ++r) {
-    const int64_t num_keys = first_keys + r, padded = (num_keys + 15) / 16 * 16;
-    const __mmask16 tail = static_cast<__mmask16>((1u << (num_keys - (padded - 16))) - 1);
-    for (int64_t g = 0; g < group; ++g) {
-      float* sc = scores + (r * group + g) * stride;
-      __m512 top = _mm512_set1_ps(-INFINITY);
-      for (int64_t j0 = 0; j0 < padded; j0 += 16)
-        top = _mm512_max_ps(top, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), j0 + 16 < padded ? 0xFFFF : tail, sc + j0));
-      const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(top));
-      __m512 sum = _mm512_setzero_ps();
-      for (int64_t j0 = 0; j0 < padded; j0 += 16) {
-        const __m512 e = _mm512_maskz_mov_ps(j0 + 16 < padded ? 0xFFFF : tail,
-                                             exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(sc + j0), max)));
-        _mm512_storeu_ps(sc + j0, e);
-        sum = _mm512_add_ps(sum, e);
-      }
-      inv_sum[r * group + g] = 1.f / _mm512_reduce_add_ps(sum);
-    }
-  }
+  softmax_rows(scores, num_rows, group, first_keys, stride, inv_sum);
   // Values: each row's heads accumulate in key order, as many heads at a time as
   // 16 registers hold, kept in acc_rows between blocks of 16 values.
   constexpr int GC = NV >= 16 ? 1 : 16 / NV;
@@ -294,15 +328,7 @@ void attend_rows_vectorized(const float* queries, int64_t num_rows, int64_t grou
       }
     }
   }
-  for (int64_t r = 0; r < num_rows; ++r)
-    for (int64_t g = 0; g < group; ++g) {
-      const __m512 inv = _mm512_set1_ps(inv_sum[r * group + g]);
-      const float* acc_row = acc_rows + (r * group + g) * D;
-      alignas(64) float row[D];
-      for (int v = 0; v < NV; ++v) _mm512_storeu_ps(row + 16 * v, _mm512_mul_ps(_mm512_loadu_ps(acc_row + 16 * v), inv));
-      scalar_t* dst = out + r * out_row_stride + g * out_head_stride;
-      for (int d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(row[d]);
-    }
+  write_rows<scalar_t, D>(acc_rows, inv_sum, num_rows, group, out, out_row_stride, out_head_stride);
 }
 #endif
 
