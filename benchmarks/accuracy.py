@@ -7,11 +7,14 @@ argmax agrees. Prints one JSON line per scheme and text.
 
 `auto` is what the server runs by default (on the default model: its Q4_1 and Q8_0
 blocks); `--dtype`, `--kv-cache-dtype` and `--prompt-tiles` apply to the schemes, the
-reference is always float32 throughout. Every position here is a prompt position, so
-on a CPU with AMX `--prompt-tiles auto` measures the block layers' tiles path (what
-prompts get) and `off` their int8 blocks (what generated tokens get):
+reference is always float32 throughout. The text goes in as one token of prompt and
+the rest as forced output (so that every position gives logits): every position but
+the first takes the path of generated tokens. `--as-prompt` computes every position
+as a prompt position instead (models/prompt_rows.py's mask set for every row), so on
+a CPU with AMX it measures what prompts get under `--prompt-tiles auto` (the block
+layers' and attention's tiles) against `off`:
 
-    .venv/bin/python benchmarks/accuracy.py --schemes auto --prompt-tiles auto off
+    .venv/bin/python benchmarks/accuracy.py --schemes auto --prompt-tiles auto off --as-prompt
 """
 
 import argparse
@@ -43,6 +46,7 @@ def main() -> None:
     parser.add_argument("--kv-cache-dtype", nargs="+", default=["auto"],
                         help="each scheme runs once per KV cache dtype listed (auto, float32, bfloat16)")
     parser.add_argument("--prompt-tiles", nargs="+", default=["auto"], help="and once per setting listed")
+    parser.add_argument("--as-prompt", action="store_true", help="every position computed as a prompt position")
     args = parser.parse_args()
     loaded = load_model(args.model, torch.float32, torch.device("cpu"))
     texts = {name: loaded.tokenizer.encode(path.read_text())[:args.tokens]
@@ -54,13 +58,17 @@ def main() -> None:
                                                                   args.prompt_tiles):
         engine = LLMEngine(EngineConfig(dtype=args.dtype, quantization=scheme, kv_cache_dtype=kv_cache_dtype,
                                         prompt_tiles=prompt_tiles, **config), copy.deepcopy(loaded))
+        rows = engine.runner.prompt_rows
+        if args.as_prompt and rows is not None:
+            set_step = rows.set_step
+            rows.set_step = lambda prompt_rows: set_step(torch.ones_like(prompt_rows))
         for name, ids in texts.items():
             reference, logprobs = references[name], engine_logits(engine, ids).float().log_softmax(-1)
             kl = (reference.exp() * (reference - logprobs)).sum(-1).mean().item()
             agree = (reference.argmax(-1) == logprobs.argmax(-1)).float().mean().item()
             print(json.dumps({"scheme": scheme, "kv_cache": str(engine.kv_cache_dtype).removeprefix("torch."),
-                              "prompt_tiles": engine.prompt_tiles,
-                              "text": name, "tokens": len(ids), "kl": round(kl, 5),
+                              "prompt_tiles": engine.prompt_tiles, "as_prompt": args.as_prompt,
+                              "text": name, "tokens": len(ids), "kl": round(kl, 6),
                               "argmax_agreement": round(agree, 4)}), flush=True)
 
 

@@ -39,13 +39,17 @@ class AttentionMetadata:
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                    meta: AttentionMetadata, scale: float,
+                    tile_rows: torch.Tensor | None = None) -> torch.Tensor:
     """q: [T, num_heads, head_dim]; k, v: [T, num_kv_heads, head_dim] for the new
-    tokens, written to the cache first. Returns [T, num_heads, head_dim]."""
+    tokens, written to the cache first. Returns [T, num_heads, head_dim].
+    `tile_rows` (bool [>= T], models/prompt_rows.py): the rows the CPU kernel computes
+    on AMX tiles where the cache is bfloat16; the rest, and every other device, as
+    without it."""
     if q.device.type == "cpu":
         return torch.ops.amity.paged_attention(q, k, v, k_cache, v_cache, meta.slot_mapping,
                                                meta.query_start, meta.context_lens,
-                                               meta.block_tables, scale)
+                                               meta.block_tables, scale, tile_rows)
     return reference_paged_attention(q, k, v, k_cache, v_cache, meta, scale)
 
 

@@ -95,7 +95,7 @@ def load_cpu_kernels() -> None:
          is_python_module=False)
 
     @torch.library.register_fake("amity::paged_attention")
-    def _(q, k, v, k_cache, v_cache, slot_mapping, query_start, context_lens, block_tables, scale):
+    def _(q, k, v, k_cache, v_cache, slot_mapping, query_start, context_lens, block_tables, scale, tile_rows=None):
         return torch.empty_like(q, memory_format=torch.contiguous_format)
 
     @torch.library.register_fake("amity::packed_linear")

@@ -58,6 +58,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.qk_norm = qk_norm
         self.scale = self.head_dim ** -0.5
+        self.prompt_rows = None  # set by quantize_model under --prompt-tiles: prompt rows attend on tiles
 
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], kv_cache, meta: AttentionMetadata):
         num_tokens = x.shape[0]
@@ -68,7 +69,8 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, k, *rope)
-        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        tile_rows = self.prompt_rows.mask if self.prompt_rows is not None else None
+        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, tile_rows)
         return self.o_proj(out.reshape(num_tokens, -1))
 
 

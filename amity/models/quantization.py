@@ -436,7 +436,8 @@ def quantize_model(model: nn.Module, scheme: str, device: torch.device,
     picks each layer by how the file stores its weight (`file_weights`, from the
     loader; without one, `none`). On a GPU, `none` and `auto` keep the `nn.Linear`s.
     `prompt_tiles`: Q4_0 / Q4_1 / Q8_0 layers but the LM head run prompt tokens on
-    AMX tiles (prompt_rows.py; the caller checks that the CPU has them)."""
+    AMX tiles (prompt_rows.py; the caller checks that the CPU has them), and so does
+    the attention of modules with a `prompt_rows` slot (llama.py's)."""
     if scheme not in SCHEMES:
         raise ValueError(f"quantization {scheme!r} is not one of {list(SCHEMES)}")
     if device.type != "cpu":
@@ -470,6 +471,8 @@ def quantize_model(model: nn.Module, scheme: str, device: torch.device,
         for module in model.modules():
             if isinstance(module, BlockLinear) and module.format in tile_formats and \
                     module is not getattr(model, "lm_head", None):
+                module.prompt_rows = rows
+            elif not isinstance(module, BlockLinear) and hasattr(module, "prompt_rows"):
                 module.prompt_rows = rows
     model.amity_linear_scheme, model.amity_prompt_tiles = scheme, prompt_tiles
     return model

@@ -127,11 +127,13 @@ def test_fresh_chunks_side_by_side_get_the_bits_they_get_alone():
         assert torch.equal(together[start - first:start - first + 20], alone), s
 
 
+@pytest.mark.parametrize("tiles", [False, True])
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
-def test_a_rows_bits_do_not_depend_on_its_chunk(cache_dtype):
+def test_a_rows_bits_do_not_depend_on_its_chunk(cache_dtype, tiles):
     """Every query row is computed alone: a prompt attended whole, in chunks of any
     length (as chunked prefill, a prefix-cache hit or a recompute after preemption
-    split it) or a row at a time gets the same bits."""
+    split it) or a row at a time gets the same bits; so do prompt rows on AMX tiles
+    (`tile_rows`, a bfloat16 cache on a CPU with AMX; elsewhere the same loops)."""
     load_cpu_kernels()
     gen = torch.Generator().manual_seed(1)
     n, num_heads, num_kv_heads, head_dim = 70, 6, 2, 64
@@ -147,12 +149,39 @@ def test_a_rows_bits_do_not_depend_on_its_chunk(cache_dtype):
         v_cache = torch.zeros_like(k_cache)
         return torch.cat([torch.ops.amity.paged_attention(q[a:b], k[a:b], v[a:b], k_cache, v_cache, slots[a:b],
                                                           torch.tensor([0, b - a]), torch.tensor([b]),
-                                                          table[None], head_dim ** -0.5)
+                                                          table[None], head_dim ** -0.5,
+                                                          torch.ones(b - a, dtype=torch.bool) if tiles else None)
                           for a, b in zip(splits, splits[1:])])
 
     whole = attend([0, n])
     for splits in ([0, 20, 21, 53, n], [0, 33, n], list(range(n + 1))):
         assert torch.equal(attend(splits), whole), splits
+
+
+def test_prompt_rows_on_tiles_match_the_definition():
+    """Rows that `tile_rows` marks (prompt rows under --prompt-tiles) go on AMX tiles
+    where the cache is bfloat16: queries and probabilities rounded to bfloat16, sums
+    in float32, so within bfloat16's rounding of the float64 definition; rows it
+    leaves out keep the float32 loops' exact results. NaN and Inf in slots no
+    sequence owns reach no output on either path."""
+    load_cpu_kernels()
+    heads = (6, 1, 64)
+    q, k, v, k_cache, v_cache, meta, tables = _build_step(torch.float32, heads, torch.bfloat16)
+    num_kv_heads, head_dim = heads[1:]
+    owned = torch.zeros(NUM_BLOCKS * BLOCK_SIZE, dtype=torch.bool)
+    for (cached, new), table in zip(STEP, tables):
+        owned[[table[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(cached + new)]] = True
+    poison = torch.tensor([float("nan"), float("inf")]).repeat(NUM_BLOCKS * BLOCK_SIZE // 2)
+    for cache in (k_cache, v_cache):
+        cache.view(-1, num_kv_heads, head_dim)[~owned] = poison[~owned][:, None, None].to(cache.dtype)
+    tile_rows = torch.rand(q.shape[0], generator=torch.Generator().manual_seed(2)) < 0.7
+    scale = head_dim ** -0.5
+    out = torch.ops.amity.paged_attention(q, k, v, k_cache, v_cache, meta.slot_mapping, meta.query_start,
+                                          meta.context_lens, meta.block_tables, scale, tile_rows)
+    expected = _dense(q, k, v, k_cache, v_cache, tables, scale)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=0)
+    torch.testing.assert_close(out[~tile_rows].double(), expected[~tile_rows], atol=1e-5, rtol=0)
 
 
 def test_kernel_takes_strided_query():

@@ -22,10 +22,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace amity {
 at::Tensor contiguous_as(const at::Tensor& t, at::ScalarType dtype);  // packed_linear.cpp
+bool amx_tiles();                                                     // amx.cpp
+void amx_configure(int count, const uint8_t* rows, const uint16_t* colsb);  // amx.cpp
 }  // namespace amity
 using amity::contiguous_as;
 
@@ -332,13 +335,192 @@ void attend_rows_vectorized(const float* queries, int64_t num_rows, int64_t grou
 }
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && \
+    defined(__AVX512BF16__)
+#define AMITY_ATTENTION_TILES 1
+// 16 rows of 16 32-bit words, transposed: out[c * 16 + r] = rows[r][c].
+inline void transpose16(const uint32_t* const* rows, uint32_t* out) {
+  __m512i r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(rows[i]);
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // r[4i + k], 128-bit lane L: column 4L + k of rows 4i .. 4i + 3
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512i x0 = _mm512_shuffle_i32x4(r[k], r[4 + k], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512i x1 = _mm512_shuffle_i32x4(r[k], r[4 + k], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512i y0 = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512i y1 = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], _MM_SHUFFLE(3, 2, 3, 2));
+    _mm512_storeu_si512(out + (0 + k) * 16, _mm512_shuffle_i32x4(x0, y0, _MM_SHUFFLE(2, 0, 2, 0)));
+    _mm512_storeu_si512(out + (4 + k) * 16, _mm512_shuffle_i32x4(x0, y0, _MM_SHUFFLE(3, 1, 3, 1)));
+    _mm512_storeu_si512(out + (8 + k) * 16, _mm512_shuffle_i32x4(x1, y1, _MM_SHUFFLE(2, 0, 2, 0)));
+    _mm512_storeu_si512(out + (12 + k) * 16, _mm512_shuffle_i32x4(x1, y1, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+}
+
+// Every tile 16 rows of 64 bytes: scores use 0 (sums), 4 (queries), 6 (keys);
+// values 0-3 (sums of 16 dims each), 4 (probabilities), 5 (values).
+void configure_attention_tiles() {
+  const uint8_t rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+  const uint16_t colsb[8] = {64, 64, 64, 64, 64, 64, 64, 64};
+  amity::amx_configure(8, rows, colsb);
+}
+
+struct TileScratch {
+  std::vector<uint16_t> q16, probs;  // bfloat16 bits
+  std::vector<uint32_t> pairs, keys_t;
+  std::vector<float> scores, acc;
+};
+
+// A bfloat16 cache on a CPU with AMX: the rows of attend_rows_vectorized on
+// bfloat16 tiles. Queries (rounded to bfloat16, nearest even) times keys as the
+// cache holds them, 16 query heads x 16 keys a tile step; each row's softmax in
+// float32 as there; probabilities rounded to bfloat16 times values, 16 heads x 16
+// dims over 32 keys a step, the sums kept in the tiles across the keys. A tile's
+// row never mixes with its other rows, keys go in blocks fixed by position, and a
+// row's probabilities past its keys are exact zeros: its bits are those it gets
+// alone, in any chunk. The products are bfloat16's (as llama.cpp's and vLLM's CPU
+// attention multiply in 16 bits), the sums float32.
+template <typename scalar_t, int NB>  // head_dim = 32 * NB
+void attend_rows_tiles(const float* queries, int64_t num_rows, int64_t group, int64_t first_keys,
+                       const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* table,
+                       int64_t block_size, int64_t slot_stride, int64_t head_offset, float* inv_sum,
+                       TileScratch& s, scalar_t* out, int64_t out_row_stride, int64_t out_head_stride) {
+  constexpr int D = 32 * NB, NV = 2 * NB;
+  const int64_t M = num_rows * group, num_tiles = (M + 15) / 16;  // query heads, tiles of 16 of them
+  const int64_t most_keys = first_keys + num_rows - 1;
+  const int64_t stride = (most_keys + 31) / 32 * 32;
+  s.q16.resize(num_tiles * 16 * D);
+  s.scores.resize(num_tiles * 16 * stride);
+  s.probs.resize(num_tiles * 16 * stride);
+  s.pairs.resize(stride / 2 * D);
+  s.acc.resize(num_tiles * 16 * D);
+  for (int64_t i = 0; i < num_tiles * 16; ++i)
+    for (int b = 0; b < NB; ++b) {
+      const __m512i bits = i < M ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(queries + i * D + 32 * b + 16),
+                                                               _mm512_loadu_ps(queries + i * D + 32 * b))
+                                 : _mm512_setzero_si512();
+      _mm512_storeu_si512(s.q16.data() + i * D + 32 * b, bits);
+    }
+  // Scores: every 16 keys' K transposed to pairs of dims x keys first; then per tile of
+  // query heads (its bfloat16 queries held in tiles 4 and 5 where head_dim is 64 or
+  // less), a product per 16 keys.
+  const int64_t key_blocks = (most_keys + 15) / 16;
+  s.keys_t.resize(key_blocks * NB * 256);
+  const c10::BFloat16* rows[16];
+  for (int64_t kb = 0; kb < key_blocks; ++kb) {
+    const int64_t j0 = kb * 16;
+    key_rows(k_cache, table, j0, std::min<int64_t>(16, most_keys - j0), most_keys, block_size, slot_stride,
+             head_offset, D, rows);
+    for (int b = 0; b < NB; ++b) {
+      const uint32_t* words[16];
+      for (int jj = 0; jj < 16; ++jj) words[jj] = reinterpret_cast<const uint32_t*>(rows[jj]) + 16 * b;
+      transpose16(words, s.keys_t.data() + (kb * NB + b) * 256);
+    }
+  }
+  __asm__ volatile("" ::: "memory");  // written before the tiles load them (block_linear.cpp)
+  for (int64_t tile = 0; tile < num_tiles; ++tile) {
+    const uint16_t* q = s.q16.data() + tile * 16 * D;
+    const int64_t last_head = std::min<int64_t>(M, (tile + 1) * 16) - 1;
+    const int64_t blocks = (first_keys + last_head / group + 15) / 16;  // the tile's longest row's keys
+    if constexpr (NB <= 2) {
+      _tile_loadd(4, q, D * 2);
+      if constexpr (NB == 2) _tile_loadd(5, q + 32, D * 2);
+    }
+    for (int64_t kb = 0; kb < blocks; ++kb) {
+      const uint32_t* kt = s.keys_t.data() + kb * NB * 256;
+      _tile_zero(0);
+      if constexpr (NB <= 2) {
+        _tile_loadd(6, kt, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        if constexpr (NB == 2) {
+          _tile_loadd(7, kt + 256, 64);
+          _tile_dpbf16ps(0, 5, 7);
+        }
+      } else {
+        for (int b = 0; b < NB; ++b) {
+          _tile_loadd(4, q + 32 * b, D * 2);
+          _tile_loadd(6, kt + b * 256, 64);
+          _tile_dpbf16ps(0, 4, 6);
+        }
+      }
+      _tile_stored(0, s.scores.data() + tile * 16 * stride + kb * 16, stride * 4);
+    }
+  }
+  softmax_rows(s.scores.data(), num_rows, group, first_keys, stride, inv_sum);
+  // Probabilities in bfloat16, zeros past each row's keys (and in the padding heads).
+  for (int64_t i = 0; i < num_tiles * 16; ++i) {
+    const int64_t padded = i < M ? (first_keys + i / group + 15) / 16 * 16 : 0;
+    uint16_t* p = s.probs.data() + i * stride;
+    for (int64_t j0 = 0; j0 < padded; j0 += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j0),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s.scores.data() + i * stride + j0)));
+    std::fill(p + padded, p + stride, uint16_t{0});
+  }
+  // Values as pairs of keys: word d of pair t holds dim d of keys 2t and 2t + 1.
+  for (int64_t j0 = 0; j0 < stride; j0 += 16) {
+    if (j0 < most_keys)
+      key_rows(v_cache, table, j0, std::min<int64_t>(16, most_keys - j0), most_keys, block_size, slot_stride,
+               head_offset, D, rows);
+    for (int64_t t = 0; t < 8; ++t)
+      for (int v = 0; v < NV; ++v) {
+        uint32_t* dst = s.pairs.data() + (j0 / 2 + t) * D + 16 * v;
+        if (j0 >= most_keys) {
+          _mm512_storeu_si512(dst, _mm512_setzero_si512());
+          continue;
+        }
+        const auto dims = [&](int64_t key) {  // 16 dims of one key, each widened to 32 bits
+          return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[key] + 16 * v)));
+        };
+        const __m512i even = dims(2 * t), odd = dims(2 * t + 1);
+        _mm512_storeu_si512(dst, _mm512_or_si512(even, _mm512_slli_epi32(odd, 16)));
+      }
+  }
+  __asm__ volatile("" ::: "memory");
+  for (int64_t tile = 0; tile < num_tiles; ++tile) {
+    const int64_t last_head = std::min<int64_t>(M, (tile + 1) * 16) - 1;
+    const int64_t steps = (first_keys + last_head / group + 31) / 32;  // of 32 keys, for the tile's longest row
+    const uint16_t* p = s.probs.data() + tile * 16 * stride;
+    for (int c0 = 0; c0 < NV; c0 += 4) {  // dims 16 * c0 .. in up to four sum tiles
+      const int nc = std::min(4, NV - c0);
+      _tile_zero(0);
+      if (nc > 1) _tile_zero(1);
+      if (nc > 2) _tile_zero(2);
+      if (nc > 3) _tile_zero(3);
+      for (int64_t step = 0; step < steps; ++step) {
+        _tile_loadd(4, p + 32 * step, stride * 2);
+        const uint32_t* vp = s.pairs.data() + 16 * step * D + 16 * c0;
+        _tile_loadd(5, vp, D * 4);
+        _tile_dpbf16ps(0, 4, 5);
+        if (nc > 1) { _tile_loadd(5, vp + 16, D * 4); _tile_dpbf16ps(1, 4, 5); }
+        if (nc > 2) { _tile_loadd(5, vp + 32, D * 4); _tile_dpbf16ps(2, 4, 5); }
+        if (nc > 3) { _tile_loadd(5, vp + 48, D * 4); _tile_dpbf16ps(3, 4, 5); }
+      }
+      float* a = s.acc.data() + tile * 16 * D + 16 * c0;
+      _tile_stored(0, a, D * 4);
+      if (nc > 1) _tile_stored(1, a + 16, D * 4);
+      if (nc > 2) _tile_stored(2, a + 32, D * 4);
+      if (nc > 3) _tile_stored(3, a + 48, D * 4);
+    }
+  }
+  write_rows<scalar_t, D>(s.acc.data(), inv_sum, num_rows, group, out, out_row_stride, out_head_stride);
+}
+#endif
+
 // scalar_t: q's and out's type; cache_t: the KV cache's (a float32 model may keep
 // its K/V in bfloat16, widened here as they are read).
 template <typename scalar_t, typename cache_t>
 void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const int64_t* query_start, const int64_t* context_lens,
                      const at::Tensor& block_tables, const std::vector<Rows>& pieces,
-                     double scale, at::Tensor& out) {
+                     double scale, const bool* tiled, at::Tensor& out) {
   const int64_t num_heads = q.size(1), head_dim = q.size(2);
   const int64_t num_kv_heads = k_cache.size(2), block_size = k_cache.size(1);
   const int64_t group = num_heads / num_kv_heads;
@@ -359,8 +541,18 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   // Items are handed out one at a time (dynamic): contexts differ in length, and a
   // thread that loses its core to the server's event loop leaves its items to the other.
   const bool parallel = num_key_rows * num_kv_heads >= 1024;
+#ifdef AMITY_ATTENTION_TILES
+  const bool tiles = tiled != nullptr && std::is_same_v<cache_t, c10::BFloat16> && head_dim % 32 == 0 &&
+                     head_dim <= kMaxVectorHeadDim && amity::amx_tiles();
+#else
+  const bool tiles = false;
+#endif
 #pragma omp parallel if (parallel)
   {
+#ifdef AMITY_ATTENTION_TILES
+    TileScratch tile_scratch;
+    if (tiles) configure_attention_tiles();
+#endif
     // One item's query rows, scaled: [row][head of the group][head_dim].
     std::vector<float> queries(kRowsPerItem * group * head_dim), acc(kRowsPerItem * group * head_dim);
     std::vector<float> row(head_dim), block_rows(16 * head_dim), scores, inv_sum(kRowsPerItem * group);
@@ -385,10 +577,27 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
       if (head_dim % 16 == 0 && head_dim <= kMaxVectorHeadDim) {
         const int64_t stride = (first_keys + piece.count - 1 + 15) / 16 * 16;
         const int64_t per_pass = std::clamp<int64_t>(kMostScoreFloats / (group * stride), 1, piece.count);
-        for (int64_t r0 = 0; r0 < piece.count; r0 += per_pass) {
-          const int64_t n = std::min(per_pass, piece.count - r0);
+        // Passes of up to per_pass rows that take one path: tiles for the rows tile_rows
+        // marks (where the cache and the CPU allow), the vector loops for the rest.
+        const auto on_tiles = [&](int64_t r) { return tiles && tiled[start + piece.first + r]; };
+        for (int64_t r0 = 0, n = 1; r0 < piece.count; r0 += n, n = 1) {
+          while (n < per_pass && r0 + n < piece.count && on_tiles(r0 + n) == on_tiles(r0)) ++n;
           scores.resize(n * group * stride);
           scalar_t* out_rows = out_ptr + ((start + piece.first + r0) * num_heads + kv_head * group) * head_dim;
+#ifdef AMITY_ATTENTION_TILES
+          if constexpr (std::is_same_v<cache_t, c10::BFloat16>) {
+            if (on_tiles(r0)) {
+              switch (head_dim / 32) {
+#define AMITY_NB(NB) case NB: attend_rows_tiles<scalar_t, NB>(queries.data() + r0 * group * head_dim, n, group, \
+              first_keys + r0, k_ptr, v_ptr, table, block_size, slot_stride, kv_head * head_dim, inv_sum.data(), \
+              tile_scratch, out_rows, num_heads * head_dim, head_dim); break;
+                AMITY_NB(1) AMITY_NB(2) AMITY_NB(3) AMITY_NB(4) AMITY_NB(5) AMITY_NB(6) AMITY_NB(7) AMITY_NB(8)
+#undef AMITY_NB
+              }
+              continue;
+            }
+          }
+#endif
           switch (head_dim / 16) {
 #define AMITY_NV(NV) case NV: attend_rows_vectorized<scalar_t, cache_t, NV>(queries.data() + r0 * group * head_dim, \
               n, group, first_keys + r0, k_ptr, v_ptr, table, block_size, slot_stride, kv_head * head_dim, \
@@ -442,6 +651,9 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
         }
       }
     }
+#ifdef AMITY_ATTENTION_TILES
+    if (tiles) _tile_release();
+#endif
   }
 }
 
@@ -477,8 +689,15 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_in, const
                            at::Tensor& k_cache, at::Tensor& v_cache,
                            const at::Tensor& slot_mapping, const at::Tensor& query_start_in,
                            const at::Tensor& context_lens_in, const at::Tensor& block_tables_in,
-                           double scale) {
+                           double scale, const std::optional<at::Tensor>& tile_rows) {
   TORCH_CHECK(q_in.device().is_cpu(), "amity::paged_attention is a CPU kernel");
+  const bool* tiled = nullptr;
+  if (tile_rows.has_value()) {
+    TORCH_CHECK(tile_rows->scalar_type() == at::kBool && tile_rows->dim() == 1 &&
+                    tile_rows->size(0) >= q_in.size(0) && tile_rows->is_contiguous(),
+                "amity::paged_attention: tile_rows must be contiguous bool [>= T]");
+    tiled = tile_rows->data_ptr<bool>();
+  }
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "KV cache must be contiguous");
   // The new K/V as the cache keeps them (rounded once, if it is narrower), and used
   // so by every path below: a key's numbers do not depend on which chunk wrote it.
@@ -504,16 +723,16 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_in, const
   if (!pieces.empty()) {
     const at::ScalarType q_type = q.scalar_type(), cache_type = k_cache.scalar_type();
     if (q_type == at::kFloat && cache_type == at::kFloat)
-      attend_in_place<float, float>(q, k_cache, v_cache, starts, ctx, block_tables, pieces, scale, out);
+      attend_in_place<float, float>(q, k_cache, v_cache, starts, ctx, block_tables, pieces, scale, tiled, out);
     else if (q_type == at::kFloat && cache_type == at::kBFloat16)
-      attend_in_place<float, c10::BFloat16>(q, k_cache, v_cache, starts, ctx, block_tables, pieces, scale, out);
+      attend_in_place<float, c10::BFloat16>(q, k_cache, v_cache, starts, ctx, block_tables, pieces, scale, tiled, out);
     else if (q_type == at::kFloat && cache_type == at::kHalf)
-      attend_in_place<float, c10::Half>(q, k_cache, v_cache, starts, ctx, block_tables, pieces, scale, out);
+      attend_in_place<float, c10::Half>(q, k_cache, v_cache, starts, ctx, block_tables, pieces, scale, tiled, out);
     else if (q_type == at::kBFloat16 && cache_type == at::kBFloat16)
       attend_in_place<c10::BFloat16, c10::BFloat16>(q, k_cache, v_cache, starts, ctx, block_tables, pieces, scale,
-                                                    out);
+                                                    tiled, out);
     else if (q_type == at::kHalf && cache_type == at::kHalf)
-      attend_in_place<c10::Half, c10::Half>(q, k_cache, v_cache, starts, ctx, block_tables, pieces, scale, out);
+      attend_in_place<c10::Half, c10::Half>(q, k_cache, v_cache, starts, ctx, block_tables, pieces, scale, tiled, out);
     else
       TORCH_CHECK(false, "amity::paged_attention: queries in ", q_type, " with a ", cache_type,
                   " KV cache (it takes float32 queries with a float32, bfloat16 or float16 cache, "
@@ -525,7 +744,7 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_in, const
 TORCH_LIBRARY_FRAGMENT(amity, m) {
   m.def("paged_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
         "Tensor slot_mapping, Tensor query_start, Tensor context_lens, Tensor block_tables, "
-        "float scale) -> Tensor");
+        "float scale, Tensor? tile_rows=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(amity, CPU, m) {
