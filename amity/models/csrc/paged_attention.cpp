@@ -217,8 +217,8 @@ inline void key_rows(const cache_t* cache, const int64_t* table, int64_t j0, int
     rows[jj] = key_row(cache, table, j0, jj, count, num_keys, block_size, slot_stride, head_offset, head_dim);
 }
 
-// The same 16 rows widened to float, into rows[0 .. 16) of 16 * NV floats (one loop:
-// two, over a pointer array, made 32-sequence decodes 6-9% slower).
+// The same 16 rows widened to float, into rows[0 .. 16) of 16 * NV floats, in one
+// loop (key_rows' pointer array first is measurably slower for decodes).
 template <typename cache_t, int NV>
 inline void widen_keys(const cache_t* cache, const int64_t* table, int64_t j0, int64_t count, int64_t num_keys,
                        int64_t block_size, int64_t slot_stride, int64_t head_offset, float* rows) {
@@ -381,10 +381,10 @@ void configure_attention_tiles() {
   amity::amx_configure(8, rows, colsb);
 }
 
+// The tile path's own scratch; scores and sums use the thread's buffers.
 struct TileScratch {
   std::vector<uint16_t> q16, probs;  // bfloat16 bits
   std::vector<uint32_t> pairs, keys_t;
-  std::vector<float> scores, acc;
 };
 
 // A bfloat16 cache on a CPU with AMX: the rows of attend_rows_vectorized on
@@ -399,17 +399,17 @@ struct TileScratch {
 template <typename scalar_t, int NB>  // head_dim = 32 * NB
 void attend_rows_tiles(const float* queries, int64_t num_rows, int64_t group, int64_t first_keys,
                        const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* table,
-                       int64_t block_size, int64_t slot_stride, int64_t head_offset, float* inv_sum,
-                       TileScratch& s, scalar_t* out, int64_t out_row_stride, int64_t out_head_stride) {
+                       int64_t block_size, int64_t slot_stride, int64_t head_offset,
+                       std::vector<float>& scores, float* inv_sum, float* acc_rows, TileScratch& s, scalar_t* out,
+                       int64_t out_row_stride, int64_t out_head_stride) {
   constexpr int D = 32 * NB, NV = 2 * NB;
   const int64_t M = num_rows * group, num_tiles = (M + 15) / 16;  // query heads, tiles of 16 of them
   const int64_t most_keys = first_keys + num_rows - 1;
   const int64_t stride = (most_keys + 31) / 32 * 32;
   s.q16.resize(num_tiles * 16 * D);
-  s.scores.resize(num_tiles * 16 * stride);
+  scores.resize(num_tiles * 16 * stride);
   s.probs.resize(num_tiles * 16 * stride);
   s.pairs.resize(stride / 2 * D);
-  s.acc.resize(num_tiles * 16 * D);
   for (int64_t i = 0; i < num_tiles * 16; ++i)
     for (int b = 0; b < NB; ++b) {
       const __m512i bits = i < M ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(queries + i * D + 32 * b + 16),
@@ -459,17 +459,17 @@ void attend_rows_tiles(const float* queries, int64_t num_rows, int64_t group, in
           _tile_dpbf16ps(0, 4, 6);
         }
       }
-      _tile_stored(0, s.scores.data() + tile * 16 * stride + kb * 16, stride * 4);
+      _tile_stored(0, scores.data() + tile * 16 * stride + kb * 16, stride * 4);
     }
   }
-  softmax_rows(s.scores.data(), num_rows, group, first_keys, stride, inv_sum);
+  softmax_rows(scores.data(), num_rows, group, first_keys, stride, inv_sum);
   // Probabilities in bfloat16, zeros past each row's keys (and in the padding heads).
   for (int64_t i = 0; i < num_tiles * 16; ++i) {
     const int64_t padded = i < M ? (first_keys + i / group + 15) / 16 * 16 : 0;
     uint16_t* p = s.probs.data() + i * stride;
     for (int64_t j0 = 0; j0 < padded; j0 += 16)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j0),
-                          (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s.scores.data() + i * stride + j0)));
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(scores.data() + i * stride + j0)));
     std::fill(p + padded, p + stride, uint16_t{0});
   }
   // Values as pairs of keys: word d of pair t holds dim d of keys 2t and 2t + 1.
@@ -511,14 +511,14 @@ void attend_rows_tiles(const float* queries, int64_t num_rows, int64_t group, in
         if (nc > 2) { _tile_loadd(5, vp + 32, D * 4); _tile_dpbf16ps(2, 4, 5); }
         if (nc > 3) { _tile_loadd(5, vp + 48, D * 4); _tile_dpbf16ps(3, 4, 5); }
       }
-      float* a = s.acc.data() + tile * 16 * D + 16 * c0;
+      float* a = acc_rows + tile * 16 * D + 16 * c0;
       _tile_stored(0, a, D * 4);
       if (nc > 1) _tile_stored(1, a + 16, D * 4);
       if (nc > 2) _tile_stored(2, a + 32, D * 4);
       if (nc > 3) _tile_stored(3, a + 48, D * 4);
     }
   }
-  write_rows<scalar_t, D>(s.acc.data(), inv_sum, num_rows, group, out, out_row_stride, out_head_stride);
+  write_rows<scalar_t, D>(acc_rows, inv_sum, num_rows, group, out, out_row_stride, out_head_stride);
 }
 #endif
 
@@ -561,7 +561,8 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
     TileScratch tile_scratch;
     if (tiles) configure_attention_tiles();
 #endif
-    // One item's query rows, scaled: [row][head of the group][head_dim].
+    // One item's query rows, scaled: [row][head of the group][head_dim]; sums alike (32 x group
+    // rows: whole tiles of 16 for the tile path too).
     std::vector<float> queries(kRowsPerItem * group * head_dim), acc(kRowsPerItem * group * head_dim);
     std::vector<float> row(head_dim), block_rows(16 * head_dim), scores, inv_sum(kRowsPerItem * group);
 #pragma omp for schedule(dynamic, 1)
@@ -590,15 +591,14 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
         const auto on_tiles = [&](int64_t r) { return tiles && tiled[start + piece.first + r]; };
         for (int64_t r0 = 0, n = 1; r0 < piece.count; r0 += n, n = 1) {
           while (n < per_pass && r0 + n < piece.count && on_tiles(r0 + n) == on_tiles(r0)) ++n;
-          scores.resize(n * group * stride);
           scalar_t* out_rows = out_ptr + ((start + piece.first + r0) * num_heads + kv_head * group) * head_dim;
 #ifdef AMITY_ATTENTION_TILES
           if constexpr (std::is_same_v<cache_t, c10::BFloat16>) {
             if (on_tiles(r0)) {
               switch (head_dim / 32) {
 #define AMITY_NB(NB) case NB: attend_rows_tiles<scalar_t, NB>(queries.data() + r0 * group * head_dim, n, group, \
-              first_keys + r0, k_ptr, v_ptr, table, block_size, slot_stride, kv_head * head_dim, inv_sum.data(), \
-              tile_scratch, out_rows, num_heads * head_dim, head_dim); break;
+              first_keys + r0, k_ptr, v_ptr, table, block_size, slot_stride, kv_head * head_dim, scores, \
+              inv_sum.data(), acc.data(), tile_scratch, out_rows, num_heads * head_dim, head_dim); break;
                 AMITY_NB(1) AMITY_NB(2) AMITY_NB(3) AMITY_NB(4) AMITY_NB(5) AMITY_NB(6) AMITY_NB(7) AMITY_NB(8)
 #undef AMITY_NB
               }
@@ -606,6 +606,7 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
             }
           }
 #endif
+          scores.resize(n * group * stride);
           switch (head_dim / 16) {
 #define AMITY_NV(NV) case NV: attend_rows_vectorized<scalar_t, cache_t, NV>(queries.data() + r0 * group * head_dim, \
               n, group, first_keys + r0, k_ptr, v_ptr, table, block_size, slot_stride, kv_head * head_dim, \
