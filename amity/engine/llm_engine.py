@@ -44,7 +44,7 @@ from amity.models.loader import LoadedModel
 from amity.models.lora import apply_lora
 from amity.models.peft_adapter import AdapterError, LoraAdapter
 from amity.models.prompt_rows import find_prompt_rows, resolve_prompt_tiles
-from amity.models.quantization import narrow_weights, quantize_model, resolve_scheme
+from amity.models.quantization import narrow_weights, quantize_model, resolve_scheme, rows_differ_by_role
 
 logger = logging.getLogger("amity.engine")
 
@@ -150,7 +150,7 @@ class LLMEngine:
                                     dtype=self.kv_cache_dtype, device=self.device)
         prompt_rows = find_prompt_rows(self.model)
         self.kv = KVCacheManager(self.num_blocks, self.block_size, config.enable_prefix_caching,
-                                 prompt_rows_differ=prompt_rows is not None)
+                                 prompt_rows_differ=rows_differ_by_role(self.model, self.kv_cache_dtype, head_dim))
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         batch = InputBatch(config.max_num_seqs, self.max_model_len, self.block_size)
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_size, self.device, self.dtype,

@@ -11,8 +11,10 @@ positions the int8 blocks, in every step, chunk, preemption and recompute alike.
 Attention takes the same mask (csrc/paged_attention.cpp): prompt rows on bfloat16
 tiles where the KV cache is bfloat16, generated rows on its float32 loops.
 A cached KV block is reused only by a request that would compute its tokens the
-same way: kv_cache_manager.py hashes where the prompt ends inside a block. The LM
-head stays on the int8 blocks for every row.
+same way: kv_cache_manager.py hashes where the prompt ends inside a block, where
+roles change numbers at all (`rows_differ_by_role`, quantization.py: not for a
+float32 checkpoint on a float32 cache). The LM head stays on the int8 blocks for
+every row.
 
 `PromptRows` holds the step's row mask: one buffer that every such layer shares and
 the runner rewrites in place each step (as LoRA's slots), so compiled graphs read

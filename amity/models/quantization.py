@@ -81,7 +81,7 @@ from amity.models.cpu_kernels import cpu_has, cpu_has_amx_bf16, load_cpu_kernels
 from amity.models.file_weights import FileWeight
 from amity.models.k_quants import SUB_BLOCK, SUPER_BLOCK, KQuantBlocks, k_quant_blocks
 from amity.models.llama import MergedLinear
-from amity.models.prompt_rows import TILE_KINDS, PromptRows
+from amity.models.prompt_rows import TILE_KINDS, PromptRows, find_prompt_rows
 
 logger = logging.getLogger(__name__)
 
@@ -375,6 +375,19 @@ def narrow_weights(model: nn.Module) -> bool:
     return any(buffer.dtype != torch.float32 for module in model.modules()
                if isinstance(module, (_PanelLinear, Int8Linear))
                for name, buffer in module.named_buffers(recurse=False) if name in ("weight_packed", "weight_t"))
+
+
+def rows_differ_by_role(model: nn.Module, kv_cache_dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether a token's numbers depend on its role, prompt or generated (prompt_rows.py),
+    which the prefix cache must respect (kv_cache_manager.py): a linear layer runs prompt
+    rows on tiles, or attention does, which it does only on a bfloat16 KV cache with
+    head_dim a multiple of 32 up to 256 (csrc/paged_attention.cpp's `tiles`). A float32
+    checkpoint on a float32 cache computes every row one way, mask or not."""
+    if find_prompt_rows(model) is None:
+        return False
+    attention_tiles = kv_cache_dtype == torch.bfloat16 and head_dim % 32 == 0 and head_dim <= 256
+    return attention_tiles or any(isinstance(m, BlockLinear) and m.prompt_rows is not None
+                                  for m in model.modules())
 
 
 def resolve_scheme(quantization: str, dtype: str) -> str:

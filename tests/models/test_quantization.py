@@ -385,3 +385,31 @@ def test_prompt_tiles_change_nothing_by_batch_chunk_cache_or_preemption(tiny_mod
         preempted.update(r.request_id for r in small.scheduler.waiting if r.status is RequestStatus.PREEMPTED)
     assert small.num_blocks == 14 and preempted, "the pool is too small for all four: something must be preempted"
     assert [got[f"r{i}"] for i in range(len(prompts))] == expected
+
+
+@AMX
+def test_one_path_for_every_row_keeps_generated_blocks_reusable(tiny_model_factory):
+    # A float32 checkpoint under --prompt-tiles: the mask reaches attention, but a
+    # float32 cache (and a head_dim of 16) keeps every row on the float32 loops, so a
+    # follow-up turn takes the first answer's blocks from the cache, as without tiles.
+    from amity.models.prompt_rows import find_prompt_rows
+
+    path = tiny_model_factory("llama")
+
+    def engine(**overrides) -> LLMEngine:
+        config = dict(model=str(path), dtype="float32", kv_cache_memory="16MiB", block_size=4,
+                      prompt_tiles="auto", num_threads=1) | overrides
+        return LLMEngine(EngineConfig(**config))
+
+    cached = engine()
+    assert find_prompt_rows(cached.model) is not None and not cached.kv.prompt_rows_differ
+    assert engine(quantization="int4").kv.prompt_rows_differ  # its linear layers tile prompt rows
+    params = SamplingParams(temperature=0.0, max_tokens=12, eos_token=[], logprobs=0)
+    prompt = list(range(12, 41))
+    first = cached.generate([prompt], params)[0].ordered_choices[0]
+    follow_up = prompt + first.token_ids + [7, 8, 9]
+    (out,) = cached.generate([follow_up], params)
+    # The first turn's K/V: its prompt and every generated token but the last, 10 full blocks.
+    assert out.num_cached_tokens == (len(prompt) + len(first.token_ids) - 1) // 4 * 4
+    fresh = engine(enable_prefix_caching=False).generate([follow_up], params)[0].ordered_choices[0]
+    assert out.ordered_choices[0].token_ids == fresh.token_ids
