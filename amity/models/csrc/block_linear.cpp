@@ -608,14 +608,20 @@ namespace {
 // rows, N floats apart; on both threads when `parallel`.
 void vnni_linear(const at::Tensor& x32, const at::Tensor& weight, int64_t format, bool parallel, float* out) {
   const int64_t T = x32.size(0), K = x32.size(1), N = weight.size(0) * NR;
-  at::Tensor x_q = at::empty({T, K}, x32.options().dtype(at::kChar));
-  at::Tensor x_scales = at::empty({2, T, K / KB}, x32.options());
-  at::Tensor x_sums = at::empty({T, K / KB + K / 16}, x32.options().dtype(at::kInt));
+  // The activations' int8 blocks, scales and sums: the calling thread's scratch, grown
+  // once (a decode step calls this about 120 times; three allocations each cost more
+  // than quantizing one token).
+  thread_local std::vector<int8_t> x_q;
+  thread_local std::vector<float> x_scales;
+  thread_local std::vector<int32_t> x_sums;
+  if (x_q.size() < static_cast<size_t>(T * K)) x_q.resize(T * K);
+  if (x_scales.size() < static_cast<size_t>(2 * T * (K / KB))) x_scales.resize(2 * T * (K / KB));
+  if (x_sums.size() < static_cast<size_t>(T * (K / KB + K / 16))) x_sums.resize(T * (K / KB + K / 16));
   const float* xp = x32.data_ptr<float>();
-  int8_t* qp = x_q.data_ptr<int8_t>();
-  float* dp = x_scales.data_ptr<float>();
+  int8_t* qp = x_q.data();
+  float* dp = x_scales.data();
   float* sp = dp + T * (K / KB);
-  int32_t* np = x_sums.data_ptr<int32_t>();
+  int32_t* np = x_sums.data();
   int32_t* hp = np + T * (K / KB);
   for (int64_t i = 0; i < T * (K / KB); ++i)
     quantize_block(xp + i * KB, qp + i * KB, dp[i], sp[i], np[i], hp + 2 * i);

@@ -666,25 +666,70 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   }
 }
 
-// The step's new K/V rows into their slots: a row copy per token, which is all
-// index_copy_ does, without its dispatch and iterator set-up per call.
-void write_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k_in,
-              const at::Tensor& v_in, const at::Tensor& slot_mapping_in) {
-  TORCH_CHECK(k_in.scalar_type() == k_cache.scalar_type() && v_in.scalar_type() == v_cache.scalar_type(),
-              "new K/V and the cache disagree on dtype");
-  const at::Tensor k = k_in.contiguous(), v = v_in.contiguous();
+// n new K or V values of a float32 model as a narrower cache keeps them, in place of
+// a `.to()` per call (a dispatch and an iterator for a few thousand values, twice a
+// layer and step): bfloat16 rounded as torch's vectorized conversion rounds (to
+// nearest even; a NaN becomes 0xFFFF), float16 by c10's conversion: `.to()`'s bits.
+inline uint16_t bf16_bits(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  return std::isnan(x) ? 0xFFFF : static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
+template <typename cache_t>
+inline void narrow_row(const float* src, cache_t* dst, int64_t n) {
+  if constexpr (std::is_same_v<cache_t, c10::BFloat16>) {
+    uint16_t* out = reinterpret_cast<uint16_t*>(dst);
+    int64_t d = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF), nan = _mm512_set1_epi32(0xFFFF);
+    for (; d + 16 <= n; d += 16) {
+      const __m512 v = _mm512_loadu_ps(src + d);
+      const __m512i bits = _mm512_castps_si512(v);
+      const __m512i bias = _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(bits, 16), one));
+      __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16);
+      rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), nan);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + d), _mm512_cvtepi32_epi16(rounded));
+    }
+#endif
+    for (; d < n; ++d) out[d] = bf16_bits(src[d]);
+  } else {
+    for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<cache_t>(src[d]);
+  }
+}
+
+// The step's new K/V rows into their slots, as the cache keeps them: a row copy per
+// token (all index_copy_ does, without its dispatch and iterator set-up per call), or
+// a float32 row rounded into a 16-bit cache on the way.
+void write_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k_in, const at::Tensor& v_in,
+              const at::Tensor& slot_mapping_in) {
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "the K and V caches disagree on dtype");
+  const at::ScalarType cache_type = k_cache.scalar_type();
+  const bool narrowed = k_in.scalar_type() == at::kFloat && v_in.scalar_type() == at::kFloat &&
+                        (cache_type == at::kBFloat16 || cache_type == at::kHalf);
+  const at::Tensor k = narrowed ? k_in.contiguous() : contiguous_as(k_in, cache_type);
+  const at::Tensor v = narrowed ? v_in.contiguous() : contiguous_as(v_in, cache_type);
   const at::Tensor slots = contiguous_as(slot_mapping_in, at::kLong);
-  const int64_t row_bytes = k_cache.size(2) * k_cache.size(3) * k_cache.element_size();
+  const int64_t row_values = k_cache.size(2) * k_cache.size(3);
+  const int64_t row_bytes = row_values * k_cache.element_size();
   const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
   const int64_t* slot = slots.data_ptr<int64_t>();
   char* k_dst = static_cast<char*>(k_cache.data_ptr());
   char* v_dst = static_cast<char*>(v_cache.data_ptr());
-  const char* k_src = static_cast<const char*>(k.data_ptr());
-  const char* v_src = static_cast<const char*>(v.data_ptr());
   for (int64_t t = 0; t < slots.size(0); ++t) {
     TORCH_CHECK(slot[t] >= 0 && slot[t] < num_slots, "slot ", slot[t], " is outside the KV cache");
-    std::memcpy(k_dst + slot[t] * row_bytes, k_src + t * row_bytes, row_bytes);
-    std::memcpy(v_dst + slot[t] * row_bytes, v_src + t * row_bytes, row_bytes);
+    char* k_row = k_dst + slot[t] * row_bytes;
+    char* v_row = v_dst + slot[t] * row_bytes;
+    if (!narrowed) {
+      std::memcpy(k_row, static_cast<const char*>(k.data_ptr()) + t * row_bytes, row_bytes);
+      std::memcpy(v_row, static_cast<const char*>(v.data_ptr()) + t * row_bytes, row_bytes);
+    } else if (cache_type == at::kBFloat16) {
+      narrow_row(k.data_ptr<float>() + t * row_values, reinterpret_cast<c10::BFloat16*>(k_row), row_values);
+      narrow_row(v.data_ptr<float>() + t * row_values, reinterpret_cast<c10::BFloat16*>(v_row), row_values);
+    } else {
+      narrow_row(k.data_ptr<float>() + t * row_values, reinterpret_cast<c10::Half*>(k_row), row_values);
+      narrow_row(v.data_ptr<float>() + t * row_values, reinterpret_cast<c10::Half*>(v_row), row_values);
+    }
   }
 }
 
@@ -710,8 +755,7 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_in, const
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "KV cache must be contiguous");
   // The new K/V as the cache keeps them (rounded once, if it is narrower), and used
   // so by every path below: a key's numbers do not depend on which chunk wrote it.
-  const at::Tensor k = k_in.to(k_cache.scalar_type()), v = v_in.to(v_cache.scalar_type());
-  write_kv(k_cache, v_cache, k, v, slot_mapping);
+  write_kv(k_cache, v_cache, k_in, v_in, slot_mapping);
 
   at::Tensor q = q_in.contiguous();
   at::Tensor query_start = contiguous_as(query_start_in, at::kLong);
