@@ -9,8 +9,8 @@ bfloat16 and int8 roundings of the default model turn those last bits into whole
 logprob steps now and then (benchmarks/README.md, sessions 18 and 20; these four
 prompts agreed until prompt rows attended on AMX tiles, whose bfloat16 queries
 round them further). SIGTERM in the middle of a first compile (an empty inductor
-cache: minutes of compiling) still exits at once with code 0. Every other server in the tests runs
-`--compile false`, so that no background compile slows them.
+cache: minutes of compiling) still exits at once with code 0. Every other server in
+the tests runs `--compile false`, so that no background compile slows them.
 """
 
 import re

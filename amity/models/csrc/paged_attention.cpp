@@ -711,25 +711,23 @@ void write_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k_in, 
   const at::Tensor v = narrowed ? v_in.contiguous() : contiguous_as(v_in, cache_type);
   const at::Tensor slots = contiguous_as(slot_mapping_in, at::kLong);
   const int64_t row_values = k_cache.size(2) * k_cache.size(3);
-  const int64_t row_bytes = row_values * k_cache.element_size();
+  const int64_t row_bytes = row_values * k_cache.element_size(), src_row_bytes = row_values * k.element_size();
   const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
   const int64_t* slot = slots.data_ptr<int64_t>();
+  const char* k_src = static_cast<const char*>(k.data_ptr());
+  const char* v_src = static_cast<const char*>(v.data_ptr());
   char* k_dst = static_cast<char*>(k_cache.data_ptr());
   char* v_dst = static_cast<char*>(v_cache.data_ptr());
+  const auto put = [&](const char* src, char* dst) {
+    const float* values = reinterpret_cast<const float*>(src);
+    if (!narrowed) std::memcpy(dst, src, row_bytes);
+    else if (cache_type == at::kBFloat16) narrow_row(values, reinterpret_cast<c10::BFloat16*>(dst), row_values);
+    else narrow_row(values, reinterpret_cast<c10::Half*>(dst), row_values);
+  };
   for (int64_t t = 0; t < slots.size(0); ++t) {
     TORCH_CHECK(slot[t] >= 0 && slot[t] < num_slots, "slot ", slot[t], " is outside the KV cache");
-    char* k_row = k_dst + slot[t] * row_bytes;
-    char* v_row = v_dst + slot[t] * row_bytes;
-    if (!narrowed) {
-      std::memcpy(k_row, static_cast<const char*>(k.data_ptr()) + t * row_bytes, row_bytes);
-      std::memcpy(v_row, static_cast<const char*>(v.data_ptr()) + t * row_bytes, row_bytes);
-    } else if (cache_type == at::kBFloat16) {
-      narrow_row(k.data_ptr<float>() + t * row_values, reinterpret_cast<c10::BFloat16*>(k_row), row_values);
-      narrow_row(v.data_ptr<float>() + t * row_values, reinterpret_cast<c10::BFloat16*>(v_row), row_values);
-    } else {
-      narrow_row(k.data_ptr<float>() + t * row_values, reinterpret_cast<c10::Half*>(k_row), row_values);
-      narrow_row(v.data_ptr<float>() + t * row_values, reinterpret_cast<c10::Half*>(v_row), row_values);
-    }
+    put(k_src + t * src_row_bytes, k_dst + slot[t] * row_bytes);
+    put(v_src + t * src_row_bytes, v_dst + slot[t] * row_bytes);
   }
 }
 
