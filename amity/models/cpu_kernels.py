@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_attention.cpp", "packed_linear.cpp",
                                                                 "block_linear.cpp", "bf16_linear.cpp", "amx.cpp",
                                                                 "argmax.cpp")]
+_HEADERS = [Path(__file__).parent / "csrc" / "panel_queue.h"]
 
 
 @functools.cache
@@ -53,7 +54,7 @@ def build_digest() -> str:
     """This CPU's flags and the sources: a build of other sources (another checkout
     sharing the cache) gets its own name instead of rebuilding this one's."""
     digest = hashlib.sha1((platform.machine() + _cpu_flags()).encode())
-    for source in _SOURCES:
+    for source in _SOURCES + _HEADERS:
         digest.update(source.read_bytes())
     return digest.hexdigest()[:10]
 
@@ -68,13 +69,14 @@ def _sources_at_one_path(digest: str) -> list[str]:
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()) / f"amity_csrc_{digest}"
     root.mkdir(parents=True, exist_ok=True)
     copies = []
-    for source in _SOURCES:
+    for source in _HEADERS + _SOURCES:  # the headers beside the sources that include them
         copy = root / source.name
         if not copy.exists() or copy.read_bytes() != source.read_bytes():
             temporary = copy.with_suffix(f".{os.getpid()}.tmp")
             temporary.write_bytes(source.read_bytes())
             temporary.replace(copy)  # atomic: a concurrent loader never sees half a file
-        copies.append(str(copy))
+        if source in _SOURCES:
+            copies.append(str(copy))
     return copies
 
 

@@ -413,3 +413,23 @@ def test_one_path_for_every_row_keeps_generated_blocks_reusable(tiny_model_facto
     assert out.num_cached_tokens == (len(prompt) + len(first.token_ids) - 1) // 4 * 4
     fresh = engine(enable_prefix_caching=False).generate([follow_up], params)[0].ordered_choices[0]
     assert out.ordered_choices[0].token_ids == fresh.token_ids
+
+
+@pytest.mark.parametrize("scheme", ["none", "bf16", BF16_AMX, "int4"])
+def test_any_number_of_threads_computes_every_panel_once(scheme):
+    # Each thread streams its own run of panels and takes up the others' (PanelQueue,
+    # csrc/panel_queue.h): whatever the team, every output is computed once, the same.
+    load_cpu_kernels()
+    torch.manual_seed(0)
+    layer = quantize_model(nn.Sequential(nn.Linear(576, 1024)), scheme, torch.device("cpu"))[0]
+    threads = torch.get_num_threads()
+    try:
+        for num_tokens in (1, 5, 32, 100):
+            x = torch.randn(num_tokens, 576)
+            torch.set_num_threads(1)
+            expected = layer(x)
+            for num_threads in (2, 3):
+                torch.set_num_threads(num_threads)
+                assert torch.equal(layer(x), expected), (num_tokens, num_threads)
+    finally:
+        torch.set_num_threads(threads)

@@ -30,6 +30,8 @@
 
 #include <torch/extension.h>
 
+#include "panel_queue.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -193,11 +195,12 @@ at::Tensor vector_linear(const at::Tensor& x32, const at::Tensor& weight, bool p
   const Problem pb{pp, reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()), out.data_ptr<float>(),
                    T, K / 2, N};
   const int64_t num_panels = N / NR;
-  // Tasks of a few panels handed out one at a time, as in packed_linear.cpp.
+  // Tasks of a few panels shared out by PanelQueue, as in packed_linear.cpp.
   const int64_t panels_per_task = T <= MR ? std::max(panels_for(static_cast<int>(T)), 4) : 1;
   const int64_t num_tasks = (num_panels + panels_per_task - 1) / panels_per_task;
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
-  for (int64_t task = 0; task < num_tasks; ++task) {
+  amity::PanelQueue tasks(num_tasks, parallel);
+#pragma omp parallel if (parallel)
+  for (int64_t task; (task = tasks.next()) >= 0;) {
     const int64_t begin = task * panels_per_task, end = std::min(begin + panels_per_task, num_panels);
     switch (T) {
 #define AMITY_DIRECT(M) case M: direct<M>(pb, begin, end); break;
@@ -287,8 +290,8 @@ const uint16_t* bf16_panel(const void* weight, int64_t K2, int64_t panel, int64_
 #ifdef AMITY_BF16_AMX
 namespace amity {
 // Every T on tiles: x rounded to pairs in [T up to 16s, K2 up to 16s] with zeros
-// around; tasks of one panel and up to TB tokens, 32 at a time, so that two tiles
-// of tokens share each load of the panel. `panel_rows` gives the panel's pair rows
+// around; tasks of one panel and up to TB tokens (PanelQueue's items, panels
+// first), 32 tokens at a time, so that two tiles of tokens share each load of the panel. `panel_rows` gives the panel's pair rows
 // (bf16_linear: pointers into the weights; block_linear.cpp: dequantized into the
 // thread's buffer), a step at a time for one pass of tokens, else the whole panel
 // once for all the task's passes. Writes x's T rows of N outputs to `out`, N floats
@@ -301,6 +304,7 @@ void tile_linear(const at::Tensor& x32, int64_t N, const void* weight, PanelRows
   uint32_t* pp = reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>());
   const Problem pb{pp, nullptr, out, T, K2, N};
   const int64_t num_panels = N / NR, token_tasks = (T_padded + TB - 1) / TB;
+  amity::PanelQueue tasks(num_panels * token_tasks, parallel);
 #pragma omp parallel if (parallel)
   {
 #pragma omp for schedule(static)
@@ -314,8 +318,7 @@ void tile_linear(const at::Tensor& x32, int64_t N, const void* weight, PanelRows
     amity::amx_configure(8, rows, colsb);
     thread_local std::vector<uint16_t> buffer;  // OpenMP's threads persist: grown once, never cleared
     if (buffer.size() < static_cast<size_t>(K2 * 2 * NR)) buffer.resize(K2 * 2 * NR);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < num_panels * token_tasks; ++task) {
+    for (int64_t task; (task = tasks.next()) >= 0;) {
       const int64_t panel = task % num_panels, first = task / num_panels * TB;
       const int64_t last = std::min(first + TB, T_padded);
       // One pass of tokens: the panel a step at a time (dequantized rows stay in

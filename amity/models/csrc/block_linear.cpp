@@ -42,6 +42,8 @@
 
 #include <torch/extension.h>
 
+#include "panel_queue.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -522,20 +524,13 @@ void run_panel(const Problem& pb, int64_t panel, bool on_int8_tiles) {
 
 template <int F>
 void run(const Problem& pb, bool parallel, bool on_int8_tiles) {
-  // Tasks of a few panels, handed out one at a time: a thread that loses its core
-  // to the server's event loop leaves its panels to the other thread.
-  const int64_t num_panels = pb.N / NR;
-  const int64_t panels_per_task = pb.T <= MR ? 4 : 1;
-  const int64_t num_tasks = (num_panels + panels_per_task - 1) / panels_per_task;
+  amity::PanelQueue panels(pb.N / NR, parallel);
 #pragma omp parallel if (parallel)
   {
 #ifdef AMITY_BLOCK_INT8_TILES
     if (on_int8_tiles) configure_int8_tiles();
 #endif
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < num_tasks; ++task)
-      for (int64_t panel = task * panels_per_task; panel < std::min(num_panels, (task + 1) * panels_per_task); ++panel)
-        run_panel<F>(pb, panel, on_int8_tiles);
+    for (int64_t panel; (panel = panels.next()) >= 0;) run_panel<F>(pb, panel, on_int8_tiles);
 #ifdef AMITY_BLOCK_INT8_TILES
     if (on_int8_tiles) _tile_release();
 #endif
@@ -673,7 +668,9 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t f
   const at::Tensor x32 = contiguous_as(x, at::kFloat);
   const at::Tensor bias32 = bias.has_value() ? contiguous_as(*bias, at::kFloat) : at::Tensor();
   const int64_t N = weight.size(0) * NR;
-  at::Tensor out = at::empty({T, N}, x32.options());
+  // Straight to the CPU allocator: the dispatcher's at::empty (and narrow below) cost
+  // about a microsecond of a one-token call.
+  at::Tensor out = at::detail::empty_cpu({T, N}, at::kFloat, false, std::nullopt);
   float* o = out.data_ptr<float>();
   const bool parallel = weight.numel() >= (128 << 10);  // waking a thread pays past ~64 KiB each
   const auto compute = [&](const at::Tensor& rows, bool tiled, float* into) {  // rows: never empty
@@ -703,7 +700,7 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t f
   if (runs.size() <= kMostRunsInPlace) {
     for (size_t i = 0; i < runs.size(); ++i) {
       const int64_t first = runs[i].first, end = i + 1 < runs.size() ? runs[i + 1].first : T;
-      compute(x32.narrow(0, first, end - first), runs[i].second, o + first * N);
+      compute(first == 0 && end == T ? x32 : x32.narrow(0, first, end - first), runs[i].second, o + first * N);
     }
   } else {
     std::vector<int64_t> rows[2];  // on the int8 blocks, on tiles

@@ -19,6 +19,8 @@
 
 #include <torch/extension.h>
 
+#include "panel_queue.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -238,10 +240,9 @@ void blocked_panels(const Problem& pb, const W* weight, int64_t begin, int64_t e
   }
 }
 
-// Tasks of a few panels, handed out one at a time (dynamic): when the scheduler
-// takes a core from one thread for the server's event loop, the other thread
-// takes up its panels instead of the whole step waiting for it at the end. Which
-// thread computes a panel does not change its numbers.
+// Tasks of a few panels, shared out by PanelQueue (panel_queue.h): each thread
+// streams its own run of panels, and takes up another's when the scheduler gives
+// that one's core to the server's event loop.
 template <typename W>
 void run(const Problem& pb, const W* weight) {
   const int64_t num_panels = pb.N / NR;
@@ -250,8 +251,9 @@ void run(const Problem& pb, const W* weight) {
   const int64_t num_tasks = (num_panels + panels_per_task - 1) / panels_per_task;
   // Waking the second thread pays past about 64 KiB of weights each.
   const bool parallel = num_panels * pb.K * NR * static_cast<int64_t>(sizeof(W)) >= (128 << 10);
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
-  for (int64_t task = 0; task < num_tasks; ++task) {
+  amity::PanelQueue tasks(num_tasks, parallel);
+#pragma omp parallel if (parallel)
+  for (int64_t task; (task = tasks.next()) >= 0;) {
     const int64_t begin = task * panels_per_task, end = std::min(begin + panels_per_task, num_panels);
     switch (pb.T) {
 #define AMITY_DIRECT(M) case M: direct_panels<W, M>(pb, weight, begin, end); break;
