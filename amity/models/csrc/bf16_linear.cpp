@@ -290,8 +290,10 @@ const uint16_t* bf16_panel(const void* weight, int64_t K2, int64_t panel, int64_
 #ifdef AMITY_BF16_AMX
 namespace amity {
 // Every T on tiles: x rounded to pairs in [T up to 16s, K2 up to 16s] with zeros
-// around; tasks of one panel and up to TB tokens (PanelQueue's items, panels
-// first), 32 tokens at a time, so that two tiles of tokens share each load of the panel. `panel_rows` gives the panel's pair rows
+// around; tasks of one panel and up to TB tokens, shared out by PanelQueue in the
+// order of every panel of one token block before the next block (so a thread owns
+// whole token blocks), 32 tokens at a time, so that two tiles of tokens share each
+// load of the panel. `panel_rows` gives the panel's pair rows
 // (bf16_linear: pointers into the weights; block_linear.cpp: dequantized into the
 // thread's buffer), a step at a time for one pass of tokens, else the whole panel
 // once for all the task's passes. Writes x's T rows of N outputs to `out`, N floats

@@ -5,9 +5,9 @@
 // range is empty takes items from the back of another's, so a thread that loses its
 // core (to the server's event loop) leaves its items to the others. Handing out
 // single items to whoever asks next (OpenMP's dynamic schedule) interleaves the
-// threads' streams: one-token decode steps ran about 5% slower that way, 32-token
-// ones about 10% (benchmarks/README.md, session 22). Which thread computes an item
-// never changes its result.
+// threads' streams: one-token and 32-token decode steps ran 6-7% slower that way,
+// 4,096-token prefills 10% (benchmarks/README.md, session 22). Which thread computes
+// an item never changes its result.
 #pragma once
 
 #include <omp.h>
