@@ -127,6 +127,36 @@ def test_fresh_chunks_side_by_side_get_the_bits_they_get_alone():
         assert torch.equal(together[start - first:start - first + 20], alone), s
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_decodes_side_by_side_get_the_bits_they_get_alone(cache_dtype):
+    """Many decodes in one step go to the threads a sequence at a time, every KV head of
+    it in one work item; one alone goes a head at a time: the same bits."""
+    load_cpu_kernels()
+    gen = torch.Generator().manual_seed(2)
+    num_heads, num_kv_heads, head_dim = 6, 2, 64
+    contexts = [60 + 2 * s for s in range(12)]  # enough key rows for both threads
+    free = torch.randperm(NUM_BLOCKS * 4, generator=gen).tolist()
+    tables = [[free.pop() for _ in range(-(-n // BLOCK_SIZE))] for n in contexts]
+    width = max(map(len, tables))
+    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    slots = torch.tensor([t[(n - 1) // BLOCK_SIZE] * BLOCK_SIZE + (n - 1) % BLOCK_SIZE for t, n in zip(tables, contexts)])
+    shape = (NUM_BLOCKS * 4, BLOCK_SIZE, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=gen).to(cache_dtype)
+    v_cache = torch.randn(shape, generator=gen).to(cache_dtype)
+    q = torch.randn(len(contexts), num_heads, head_dim, generator=gen)
+    k = torch.randn(len(contexts), num_kv_heads, head_dim, generator=gen)
+    v = torch.randn(len(contexts), num_kv_heads, head_dim, generator=gen)
+
+    def attend(seqs):
+        return torch.ops.amity.paged_attention(q[seqs], k[seqs], v[seqs], k_cache.clone(), v_cache.clone(),
+                                               slots[seqs], torch.arange(len(seqs) + 1),
+                                               torch.tensor(contexts)[seqs], block_tables[seqs], head_dim ** -0.5)
+
+    together = attend(list(range(len(contexts))))
+    for s in range(len(contexts)):
+        assert torch.equal(together[s], attend([s])[0]), s
+
+
 @pytest.mark.parametrize("tiles", [False, True])
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
 def test_a_rows_bits_do_not_depend_on_its_chunk(cache_dtype, tiles):
