@@ -33,6 +33,10 @@ so none is filtered.
 
 The embedding and the LM head stay eager: they are one op each.
 
+The graph's C++ calls our ops through their C entry points (csrc/inductor_shims.cpp,
+declared below), not through the dispatcher, which looks each op up by name and
+boxes its arguments on every call.
+
 Inductor keys what it caches by the graph's code, not by the schemas of the ops the
 graph calls: an artifact built against another build of our kernels (an op that
 gained an argument) calls them as that build did, and crashed the process. So each
@@ -49,7 +53,7 @@ import torch
 from torch._dynamo.decorators import mark_unbacked, maybe_mark_dynamic
 
 from amity.models.attention import AttentionMetadata
-from amity.models.cpu_kernels import build_digest
+from amity.models.cpu_kernels import build_digest, load_cpu_kernels
 from amity.models.inductor_storage_offset import register_sym_storage_offset_lowering
 
 logger = logging.getLogger("amity.engine")
@@ -63,6 +67,45 @@ def _cache_for_these_kernels() -> None:
     current = cache_dir()  # TORCHINDUCTOR_CACHE_DIR or inductor's default, made absolute
     if os.path.basename(current) != leaf:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(current, leaf)
+
+
+# inductor_shims.cpp's entry points, as the generated code declares them: the
+# arguments in schema order (a tensor a handle, an optional one a pointer to a handle,
+# bool as int32_t), then the result.
+_T, _OPT = "AtenTensorHandle", "AtenTensorHandle*"
+_SHIMS = {
+    "block_linear": f"{_T} x, {_T} weight, int64_t format, {_OPT} bias, {_OPT} tile_rows",
+    "bf16_linear": f"{_T} x, {_T} weight, {_OPT} bias, int32_t tiles",
+    "packed_linear": f"{_T} x, {_T} weight, {_OPT} scale, {_OPT} bias",
+    "paged_attention": f"{_T} q, {_T} k, {_T} v, {_T} k_cache, {_T} v_cache, {_T} slot_mapping, "
+                       f"{_T} query_start, {_T} context_lens, {_T} block_tables, double scale, {_OPT} tile_rows",
+}
+
+
+class _ShimKey:
+    """A key of inductor's custom_ops_to_c_shims: equal to (and hashed as) its op, which
+    inductor looks up, but pickled as its name. Inductor pickles its config into the
+    key of what it caches on disk, and an op itself does not pickle: it would turn
+    that cache off."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.op = getattr(torch.ops.amity, name).default
+
+    def __hash__(self):
+        return hash(self.op)
+
+    def __eq__(self, other):
+        return other is self.op or isinstance(other, _ShimKey) and other.name == self.name
+
+    def __reduce__(self):
+        return _ShimKey, (self.name,)
+
+
+def _shim_declarations() -> dict:
+    load_cpu_kernels()
+    return {_ShimKey(name): [f"AOTITorchError aoti_torch_cpu_{name}({args}, {_T}* out)"]
+            for name, args in _SHIMS.items()}
 
 
 def _forward(forward, inputs_embeds, positions, kv_cache, meta):
@@ -84,10 +127,11 @@ class CompiledForward:
         _cache_for_these_kernels()
         self._forward = forward
         self._marked_cache = None
-        self._compiled = torch.compile(
-            types.FunctionType(code, _forward.__globals__), dynamic=False, fullgraph=True,
-            options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
-                     "cpp_wrapper": device.type == "cpu"})
+        options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+        if device.type == "cpu":
+            options |= {"cpp_wrapper": True, "aot_inductor.custom_ops_to_c_shims": _shim_declarations()}
+        self._compiled = torch.compile(types.FunctionType(code, _forward.__globals__), dynamic=False,
+                                       fullgraph=True, options=options)
 
     def __call__(self, inputs_embeds, positions, kv_cache: torch.Tensor, meta: AttentionMetadata):
         # The KV cache's block count is dynamic, so that the graphs cached on disk

@@ -11,6 +11,7 @@ build time; `cpu_has` tells Python the same (`--quantization auto` picks the
 bfloat16 kernel by it).
 """
 
+import ctypes
 import functools
 import hashlib
 import logging
@@ -25,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_attention.cpp", "packed_linear.cpp",
                                                                 "block_linear.cpp", "bf16_linear.cpp", "amx.cpp",
-                                                                "argmax.cpp")]
+                                                                "argmax.cpp", "inductor_shims.cpp")]
 _HEADERS = [Path(__file__).parent / "csrc" / "panel_queue.h"]
 
 
@@ -92,9 +93,12 @@ def load_cpu_kernels() -> None:
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     logger.info("loading amity's CPU kernels (the first start on a machine compiles them)")
     digest = build_digest()
-    load(name=f"amity_cpu_kernels_{digest}", sources=_sources_at_one_path(digest),
-         extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
-         is_python_module=False)
+    library = load(name=f"amity_cpu_kernels_{digest}", sources=_sources_at_one_path(digest),
+                   extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                   is_python_module=False)
+    # torch loads it with its symbols private to it; the graphs inductor compiles call
+    # its C entry points (inductor_shims.cpp) by name, resolved when they are loaded.
+    ctypes.CDLL(library, mode=os.RTLD_NOW | os.RTLD_GLOBAL | os.RTLD_NOLOAD)
 
     @torch.library.register_fake("amity::paged_attention")
     def _(q, k, v, k_cache, v_cache, slot_mapping, query_start, context_lens, block_tables, scale, tile_rows=None):

@@ -10,19 +10,24 @@ whatever the mix of a step, dynamo must not build more than the two graphs
 after it switched: the same tokens, and the live KV cache untouched by the compile.
 The compiled graphs write the engine's one KV-cache tensor in place, each layer at its
 own offset: after the same workload it holds what the eager engine's holds.
+The graph's C++ reaches our ops through their C entry points, not the dispatcher.
 """
 
 import threading
 
 import torch
+from torch._inductor.utils import run_and_get_cpp_code
 
 from amity.config import EngineConfig
 from amity.engine.background_compile import CompileState
 from amity.engine.llm_engine import LLMEngine
 from amity.engine.outputs import FinalOutput
 from amity.engine.sampling_params import SamplingParams
+from amity.models.attention import AttentionMetadata
 from amity.models.compilation import CompiledForward
+from amity.models.cpu_kernels import load_cpu_kernels
 from amity.models.loader import load_model
+from amity.models.quantization import Bf16Linear, PackedLinear, q4_1_linear
 
 PROMPT_LENS = [1, 3, 9, 17, 40, 2, 25]
 
@@ -170,3 +175,48 @@ def test_an_eager_step_never_runs_inside_an_fx_trace_of_the_compile():
     assert isinstance(call_eager_during_a_trace(serialized=False), NameError)  # the hazard
     background_compile._serialize_fx_traces()
     assert torch.equal(call_eager_during_a_trace(serialized=True), eager(x))
+
+
+def test_compiled_code_calls_our_ops_directly():
+    """Each of our ops that a graph calls (every signature: optional tensors given and
+    not, a bool, a float, mutated caches) goes through its C entry point
+    (csrc/inductor_shims.cpp, declared in compilation.py), with the eager op's bits."""
+    load_cpu_kernels()
+    gen = torch.Generator().manual_seed(0)
+
+    def linear(bias: bool) -> torch.nn.Linear:
+        layer = torch.nn.Linear(64, 48, bias=bias)
+        with torch.no_grad():
+            layer.weight.copy_(torch.randn(48, 64, generator=gen) * 0.1)
+            if bias:
+                layer.bias.copy_(torch.randn(48, generator=gen))
+        return layer
+
+    blocks, packed, pairs = q4_1_linear(linear(True)), PackedLinear(linear(False), "int8"), Bf16Linear(linear(True))
+    tile_rows = torch.tensor([False, True, True])
+
+    def forward(inputs_embeds, positions, kv_cache, meta):
+        x = inputs_embeds * 2
+        y = (torch.ops.amity.block_linear(x, blocks.weight_packed, blocks.format, blocks.bias, tile_rows)
+             + torch.ops.amity.block_linear(x, blocks.weight_packed, blocks.format, None, None)
+             + torch.ops.amity.packed_linear(x, packed.weight_packed, packed.weight_scale, None)
+             + torch.ops.amity.bf16_linear(x, pairs.weight_packed, pairs.bias, False))
+        q, k, v = (y[:, 16 * i:16 * i + 16].reshape(-1, 1, 16) for i in range(3))
+        attended = torch.ops.amity.paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta.slot_mapping,
+                                                   meta.query_start, meta.context_lens, meta.block_tables,
+                                                   0.25, tile_rows)
+        return y, attended + positions[:, None, None]
+
+    ids = torch.arange(3)
+    meta = AttentionMetadata(slot_mapping=ids.clone(), query_start=torch.tensor([0, 3]),
+                             context_lens=torch.tensor([3]), block_tables=torch.zeros((1, 1), dtype=torch.long))
+    x = torch.randn(3, 64, generator=gen)
+    expected = forward(x, ids, torch.zeros(2, 1, 4, 1, 16).bfloat16(), meta)
+    compiled, kv_cache = CompiledForward(forward, torch.device("cpu")), torch.zeros(2, 1, 4, 1, 16).bfloat16()
+    with torch._inductor.config.patch(fx_graph_cache=False):  # a cache hit generates no code to read
+        got, code = run_and_get_cpp_code(compiled, x, ids, kv_cache, meta)
+    for name in ("block_linear", "packed_linear", "bf16_linear", "paged_attention"):
+        assert f"aoti_torch_cpu_{name}(" in code, name
+    assert 'aoti_torch_call_dispatcher("amity' not in code
+    for a, b in zip(got, expected):
+        assert torch.equal(a, b)
