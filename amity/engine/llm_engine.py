@@ -545,12 +545,14 @@ class LLMEngine:
         constrained = [k for k, r in enumerate(requests) if r.grammar is not None]
         logits = result.logits
         if constrained or indices != list(range(logits.shape[0])):
-            logits = logits[indices]  # a copy: the grammar masks edit it in place (the sampler never does)
+            logits = logits[indices]  # a copy: the grammar masks edit it in place
         if constrained:
             structured_output.apply_bitmasks(logits, constrained, [requests[k].grammar for k in constrained])
         batch = self.runner.batch  # a kept history only for rows whose parameters read one
+        # The sampler may edit the logits in place: a copy of the rows above, or every
+        # row of the step's, which then has no forced rows for _score_forced to read.
         out = self.sampler(logits, [self._row(r, r.all_token_ids, batch.history(r) if uses_history(r.params) else None)
-                                    for r in requests])
+                                    for r in requests], editable=True)
         for request, token in zip(requests, out.token_ids):
             if request.grammar is not None and not request.grammar.accept(token):
                 logger.error("request %s: the grammar refused sampled token %d", request.request_id, token)

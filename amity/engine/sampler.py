@@ -1,7 +1,8 @@
 """The batched sampler: one next token (and optionally its logprobs) per row.
 
 Pipeline, in this fixed order, over the [B, V] logits in float32 (a copy where
-stages 1-5 edit them; nothing after stage 5 writes to them). Each
+stages 1-5 edit them, unless the caller hands them over with `editable=True`;
+nothing after stage 5 writes to them). Each
 stage is skipped as a whole when no row in the batch uses it; a row that does
 not use a stage is left bit-for-bit unchanged by it.
 
@@ -216,11 +217,11 @@ class SamplingTensors:
         )
 
 
-def _process(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+def _process(logits: torch.Tensor, t: SamplingTensors, editable: bool = False) -> torch.Tensor:
     """Stages 1-5 on a float32 copy (the float32 logits themselves where no stage
-    edits them): the distribution logprobs report."""
+    edits them, or where they are `editable`): the distribution logprobs report."""
     edits = t.bias is not None or t.bans is not None or t.repetition is not None or t.frequency is not None
-    x = logits.to(torch.float32, copy=edits)
+    x = logits.to(torch.float32, copy=edits and not editable)
     if t.bias is not None:
         r, tok, v = t.bias
         x.index_put_((r, tok), v, accumulate=True)
@@ -373,11 +374,13 @@ class Sampler:
         """Stages 1-5: the float32 logits whose log_softmax logprobs report."""
         return _process(logits, SamplingTensors.build(rows, logits.shape[1], logits.device))
 
-    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow], editable: bool = False) -> SamplerOutput:
+        """`editable`: stages 1-5 may write to float32 `logits` in place (at 32 rows of
+        the default model's vocabulary, a copy is 6 MB a step)."""
         if not rows:
             return SamplerOutput([], [])
         t = SamplingTensors.build(rows, logits.shape[1], logits.device)
-        x = _process(logits, t)
+        x = _process(logits, t, editable)
         device = x.device
 
         tokens = torch.empty(len(rows), dtype=torch.long, device=device)

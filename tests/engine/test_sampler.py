@@ -110,6 +110,18 @@ def test_greedy_row_takes_argmax_of_penalized_logits_ignoring_truncation():
     assert sampler(logits, [row]).token_ids == [2]  # 3.0 / 2 = 1.5 < 2.0
 
 
+def test_editable_logits_sample_as_a_copy_does():
+    """`editable=True` (the engine's rows, its own) spares stages 1-5 their copy: the
+    same tokens and logprobs, every stage on."""
+    rows = random_rows(random.Random(2), 16)
+    logits = torch.randn(len(rows), V) * 3
+    copied = sampler(logits, rows)
+    edited = logits.clone()
+    in_place = sampler(edited, [fresh(row, 100 + i) for i, row in enumerate(rows)], editable=True)
+    assert in_place.token_ids == copied.token_ids and in_place.logprobs == copied.logprobs
+    assert not torch.equal(edited, logits)  # the stages did write to the rows handed over
+
+
 @pytest.mark.parametrize("stages", ["none", "plain sampling", "xtc", "truncation", "all"])
 def test_the_sampler_never_writes_to_its_logits(stages):
     """Where no stage edits the logits the sampler reads them without a copy, so no
