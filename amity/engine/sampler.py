@@ -222,15 +222,17 @@ def _process(logits: torch.Tensor, t: SamplingTensors, editable: bool = False) -
     edits them, or where they are `editable`): the distribution logprobs report."""
     edits = t.bias is not None or t.bans is not None or t.repetition is not None or t.frequency is not None
     x = logits.to(torch.float32, copy=edits and not editable)
-    if t.bias is not None:
-        r, tok, v = t.bias
-        x.index_put_((r, tok), v, accumulate=True)
-    if t.bans is not None:
-        x[t.bans] = lp.NEG_INF
-    if t.repetition is not None:
-        lp.apply_repetition_penalty(x, *t.repetition)
-    if t.frequency is not None:
-        lp.apply_frequency_presence(x, *t.frequency)
+    # The engine's logits come out of inference mode, and only there may they be edited.
+    with torch.inference_mode(x.is_inference()):
+        if t.bias is not None:
+            r, tok, v = t.bias
+            x.index_put_((r, tok), v, accumulate=True)
+        if t.bans is not None:
+            x[t.bans] = lp.NEG_INF
+        if t.repetition is not None:
+            lp.apply_repetition_penalty(x, *t.repetition)
+        if t.frequency is not None:
+            lp.apply_frequency_presence(x, *t.frequency)
     return x
 
 

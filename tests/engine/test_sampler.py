@@ -116,7 +116,8 @@ def test_editable_logits_sample_as_a_copy_does():
     rows = random_rows(random.Random(2), 16)
     logits = torch.randn(len(rows), V) * 3
     copied = sampler(logits, rows)
-    edited = logits.clone()
+    with torch.inference_mode():  # as the engine's logits come
+        edited = logits.clone()
     in_place = sampler(edited, [fresh(row, 100 + i) for i, row in enumerate(rows)], editable=True)
     assert in_place.token_ids == copied.token_ids and in_place.logprobs == copied.logprobs
     assert not torch.equal(edited, logits)  # the stages did write to the rows handed over
