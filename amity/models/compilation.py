@@ -69,17 +69,12 @@ def _cache_for_these_kernels() -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(current, leaf)
 
 
-# inductor_shims.cpp's entry points, as the generated code declares them: the
-# arguments in schema order (a tensor a handle, an optional one a pointer to a handle,
-# bool as int32_t), then the result.
-_T, _OPT = "AtenTensorHandle", "AtenTensorHandle*"
-_SHIMS = {
-    "block_linear": f"{_T} x, {_T} weight, int64_t format, {_OPT} bias, {_OPT} tile_rows",
-    "bf16_linear": f"{_T} x, {_T} weight, {_OPT} bias, int32_t tiles",
-    "packed_linear": f"{_T} x, {_T} weight, {_OPT} scale, {_OPT} bias",
-    "paged_attention": f"{_T} q, {_T} k, {_T} v, {_T} k_cache, {_T} v_cache, {_T} slot_mapping, "
-                       f"{_T} query_start, {_T} context_lens, {_T} block_tables, double scale, {_OPT} tile_rows",
-}
+# inductor_shims.cpp's entry points take each op's arguments in schema order, as
+# inductor passes them: a tensor as a handle, an optional one as a pointer to a
+# handle, int, float and bool as these; then a pointer for the result's handle.
+_C_TYPES = {"Tensor": "AtenTensorHandle", "Optional[Tensor]": "AtenTensorHandle*", "int": "int64_t",
+            "float": "double", "bool": "int32_t"}
+_SHIMS = ("block_linear", "bf16_linear", "packed_linear", "paged_attention")
 
 
 class _ShimKey:
@@ -102,10 +97,14 @@ class _ShimKey:
         return _ShimKey, (self.name,)
 
 
+def _shim_declaration(key: _ShimKey) -> str:
+    args = [f"{_C_TYPES[str(a.type)]} {a.name}" for a in key.op._schema.arguments]
+    return f"AOTITorchError aoti_torch_cpu_{key.name}({', '.join(args)}, AtenTensorHandle* out)"
+
+
 def _shim_declarations() -> dict:
     load_cpu_kernels()
-    return {_ShimKey(name): [f"AOTITorchError aoti_torch_cpu_{name}({args}, {_T}* out)"]
-            for name, args in _SHIMS.items()}
+    return {key: [_shim_declaration(key)] for key in map(_ShimKey, _SHIMS)}
 
 
 def _forward(forward, inputs_embeds, positions, kv_cache, meta):

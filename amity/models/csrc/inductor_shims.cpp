@@ -5,8 +5,8 @@
 // declaration for (config aot_inductor.custom_ops_to_c_shims) by the name
 // aoti_torch_<device>_<op>, with tensors as handles (at::Tensor pointers), optional
 // ones as pointers to handles (null for None), and the result as a new handle.
-// SHIM_DECLARATIONS in compilation.py declares these for the generated code: the two
-// must agree, argument by argument, with the schemas in the op files.
+// compilation.py declares them for the generated code from the ops' schemas: each
+// must take its op's arguments in schema order, typed as above.
 
 #include <torch/extension.h>
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
