@@ -36,13 +36,13 @@ class EngineConfig:
     )
     kv_cache_dtype: str = _opt(
         "auto",
-        "How the KV cache keeps K and V. auto: as precise as the weights: bfloat16 where the "
-        "linear layers keep weights in 16 bits or fewer (GGUF blocks, bfloat16, int8), rounded "
-        "once as written and widened to float32 as read (half the bytes decode attention "
-        "reads every step); float32 for float32 weights (--dtype float32, the reference path). "
-        "A float32 model may keep them in any of float32, bfloat16 and float16 "
-        "(benchmarks/README.md, sessions 13 and 18).",
-        choices=("auto", "float32", "bfloat16", "float16"),
+        "How the KV cache keeps K and V. auto: as precise as the weights: int8 (each head's "
+        "row with its float32 scale) where the linear layers keep integer weights (GGUF blocks, "
+        "int8, int4), bfloat16 where they keep bfloat16, rounded once as written and widened "
+        "to float32 as read (fewer bytes for decode attention to read every step); float32 for "
+        "float32 weights (--dtype float32, the reference path). A float32 model may keep them "
+        "in any of float32, bfloat16, float16 and int8 (benchmarks/README.md, sessions 13, 18 and 24).",
+        choices=("auto", "float32", "bfloat16", "float16", "int8"),
     )
     device: str = _opt("auto", "cpu, cuda, or auto (cuda when available).")
     task: str | None = _opt(

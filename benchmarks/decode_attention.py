@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from amity.models.attention import kv_row_elements, quantize_rows
 from amity.models.cpu_kernels import load_cpu_kernels
 
 NUM_SEQS, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 9, 3, 64, 16
@@ -22,7 +23,7 @@ NUM_SEQS, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 9, 3, 64, 16
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "float16", "bfloat16"])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "float16", "bfloat16", "int8"])
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
@@ -47,7 +48,11 @@ def main() -> None:
     for name in args.dtypes:
         dtype = getattr(torch, name)
         shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
-        caches = [(torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)) for _ in range(args.layers)]
+
+        def cache():
+            return quantize_rows(torch.randn(shape)) if dtype == torch.int8 else torch.randn(shape).to(dtype)
+
+        caches = [(cache(), cache()) for _ in range(args.layers)]
         seconds = []
         for _ in range(args.rounds):
             started = time.perf_counter()
@@ -56,7 +61,7 @@ def main() -> None:
                                                 tables, HEAD_DIM ** -0.5)
             seconds.append(time.perf_counter() - started)
         median_s = statistics.median(seconds)
-        nbytes = int(context_lens.sum()) * NUM_KV_HEADS * HEAD_DIM * 2 * args.layers * dtype.itemsize
+        nbytes = int(context_lens.sum()) * NUM_KV_HEADS * kv_row_elements(HEAD_DIM, dtype) * 2 * args.layers * dtype.itemsize
         print(f"{name}: {median_s * 1e3:.2f} ms for {args.layers} layers, {nbytes / 1e6:.0f} MB of K/V, "
               f"{nbytes / median_s / 1e9:.1f} GB/s")
 

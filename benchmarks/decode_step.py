@@ -34,7 +34,7 @@ def _median_ms(seconds: list[float]) -> float:
     return round(statistics.median(seconds) * 1e3, 3)
 
 
-def measure(compile_mode: str, kv_cache_memory: str, num_threads: int | None) -> dict:
+def measure(compile_mode: str, kv_cache_memory: str, kv_cache_dtype: str, num_threads: int | None) -> dict:
     import torch
 
     from amity.config import EngineConfig
@@ -43,7 +43,7 @@ def measure(compile_mode: str, kv_cache_memory: str, num_threads: int | None) ->
 
     started = time.perf_counter()
     engine = LLMEngine(EngineConfig(compile=compile_mode, kv_cache_memory=kv_cache_memory,
-                                    num_threads=num_threads))
+                                    kv_cache_dtype=kv_cache_dtype, num_threads=num_threads))
     result = {"build_s": round(time.perf_counter() - started, 1)}
     tokens = torch.Generator().manual_seed(0)
 
@@ -105,6 +105,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--compile", default="true", help="the engine's --compile: true, false or auto")
     parser.add_argument("--kv-cache-memory", default="512MiB")
+    parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--omp-wait-policy", default="bounded", help="as `amity serve`'s (the default)")
     parser.add_argument("--num-threads", type=int, default=None,
                         help="torch threads (default: all cores); 1 on a machine other work keeps busy")
@@ -112,10 +113,11 @@ def main() -> None:
     if args.measure:
         from amity.omp_wait_policy import apply_omp_wait_policy  # before torch loads
         apply_omp_wait_policy(args.omp_wait_policy)
-        print(json.dumps(measure(args.compile, args.kv_cache_memory, args.num_threads)))
+        print(json.dumps(measure(args.compile, args.kv_cache_memory, args.kv_cache_dtype, args.num_threads)))
     elif args.trees:
         trees = [tuple(tree.split("=", 1)) for tree in args.trees]
         passthrough = ["--compile", args.compile, "--kv-cache-memory", args.kv_cache_memory,
+                       "--kv-cache-dtype", args.kv_cache_dtype,
                        "--omp-wait-policy", args.omp_wait_policy]
         if args.num_threads:
             passthrough += ["--num-threads", str(args.num_threads)]

@@ -38,13 +38,14 @@ from amity.engine.token_history import TokenHistory, uses_history
 from amity.engine import structured_output
 from amity.engine.model_runner import ModelRunner
 from amity.engine.background_compile import BackgroundCompile, CompileState, one_at_a_time
+from amity.models.attention import kv_row_elements
 from amity.models.compilation import CompiledForward, warm_up
 from amity.models.dtype import prepare_device, resolve_kv_cache_dtype
 from amity.models.loader import LoadedModel
 from amity.models.lora import apply_lora
 from amity.models.peft_adapter import AdapterError, LoraAdapter
 from amity.models.prompt_rows import find_prompt_rows, resolve_prompt_tiles
-from amity.models.quantization import narrow_weights, quantize_model, resolve_scheme, rows_differ_by_role
+from amity.models.quantization import quantize_model, resolve_scheme, rows_differ_by_role, weight_storage
 
 logger = logging.getLogger("amity.engine")
 
@@ -133,8 +134,9 @@ class LLMEngine:
         num_layers = hf.num_hidden_layers
         num_kv_heads = hf.num_key_value_heads
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-        self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype, narrow_weights(self.model))
-        bytes_per_block = 2 * num_layers * self.block_size * num_kv_heads * head_dim * self.kv_cache_dtype.itemsize
+        self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype, weight_storage(self.model))
+        row_elements = kv_row_elements(head_dim, self.kv_cache_dtype)
+        bytes_per_block = 2 * num_layers * self.block_size * num_kv_heads * row_elements * self.kv_cache_dtype.itemsize
         budget = parse_memory(config.kv_cache_memory, _free_memory_bytes(self.device))
         # More blocks than every sequence at full length can use would only sit idle.
         most_useful = config.max_num_seqs * -(-self.max_model_len // self.block_size)
@@ -146,7 +148,7 @@ class LLMEngine:
         # does not own (stale, padded, never written) out of its output. One tensor for
         # every layer's K and V (attention.py's layout): the compiled forward takes one
         # input and guards one tensor instead of 2 x num_layers.
-        self.kv_cache = torch.zeros((num_layers, 2, self.num_blocks, self.block_size, num_kv_heads, head_dim),
+        self.kv_cache = torch.zeros((num_layers, 2, self.num_blocks, self.block_size, num_kv_heads, row_elements),
                                     dtype=self.kv_cache_dtype, device=self.device)
         prompt_rows = find_prompt_rows(self.model)
         self.kv = KVCacheManager(self.num_blocks, self.block_size, config.enable_prefix_caching,

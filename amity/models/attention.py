@@ -60,20 +60,50 @@ def _context_slots(block_table: torch.Tensor, context_len: int, block_size: int)
     return slots.reshape(-1)[:context_len]
 
 
+def kv_row_elements(head_dim: int, cache_dtype: torch.dtype) -> int:
+    """A head's K or V row in a cache of `cache_dtype`: its head_dim values, and in an
+    int8 cache the row's float32 scale after them (its 4 bytes)."""
+    return head_dim + 4 if cache_dtype == torch.int8 else head_dim
+
+
+def quantize_rows(x: torch.Tensor) -> torch.Tensor:
+    """float32 [..., head_dim] -> int8 rows [..., head_dim + 4]: round(x / scale) with
+    scale = the row's largest magnitude / 127, then the scale's bytes (the kernel's
+    quantize_row; a row of zeros has scale 0, a row with a NaN zeros)."""
+    scale = x.abs().amax(-1, keepdim=True) / 127
+    units = torch.round(x / scale)
+    units = torch.where((scale > 0) & (units.abs() <= 127), units, 0)
+    return torch.cat([units.to(torch.int8), scale.view(torch.int8)], -1)
+
+
+def dequantize_rows(rows: torch.Tensor) -> torch.Tensor:
+    """int8 rows [..., head_dim + 4] -> float32 [..., head_dim]: values times scale."""
+    return rows[..., :-4].float() * rows[..., -4:].contiguous().view(torch.float32)
+
+
+def _as_cached(x: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:
+    return quantize_rows(x.float()) if cache_dtype == torch.int8 else x.to(cache_dtype)
+
+
+def _widened(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (dequantize_rows(rows) if rows.dtype == torch.int8 else rows).to(dtype)
+
+
 def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """slots [...] -> K or V [..., num_kv_heads, head_dim]."""
-    num_kv_heads, head_dim = cache.shape[-2:]
-    flat = cache.view(-1, num_kv_heads, head_dim).index_select(0, slots.reshape(-1))
-    return flat.view(*slots.shape, num_kv_heads, head_dim)
+    """slots [...] -> K or V rows [..., num_kv_heads, row elements]."""
+    num_kv_heads, row = cache.shape[-2:]
+    flat = cache.view(-1, num_kv_heads, row).index_select(0, slots.reshape(-1))
+    return flat.view(*slots.shape, num_kv_heads, row)
 
 
 def reference_paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float):
-    num_kv_heads, head_dim = k_cache.shape[-2:]
+    num_kv_heads, row = k_cache.shape[-2:]
     block_size = k_cache.shape[1]
     # The new K/V as the cache keeps them, for every use below (as the kernel does).
-    k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
+    k_rows, v_rows = _as_cached(k, k_cache.dtype), _as_cached(v, v_cache.dtype)
+    k_cache.view(-1, num_kv_heads, row).index_copy_(0, meta.slot_mapping, k_rows)
+    v_cache.view(-1, num_kv_heads, row).index_copy_(0, meta.slot_mapping, v_rows)
+    k, v = _widened(k_rows, q.dtype), _widened(v_rows, q.dtype)
     out = torch.empty_like(q)
     starts = meta.query_start.tolist()
     context_lens = meta.context_lens.tolist()
@@ -90,11 +120,10 @@ def reference_paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata
             mask, causal = None, True
         else:
             slots = _context_slots(meta.block_tables[s], ctx_len, block_size)
-            k_i, v_i = _gather(k_cache, slots), _gather(v_cache, slots)
+            k_i, v_i = _widened(_gather(k_cache, slots), q.dtype), _widened(_gather(v_cache, slots), q.dtype)
             q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
             mask = torch.arange(ctx_len, device=q.device)[None, :] <= q_pos[:, None]
             causal = False
-        k_i, v_i = k_i.to(q.dtype), v_i.to(q.dtype)
         o = F.scaled_dot_product_attention(
             q_i, k_i.transpose(0, 1).unsqueeze(0), v_i.transpose(0, 1).unsqueeze(0),
             attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
@@ -110,8 +139,8 @@ def reference_paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata
         idx = meta.query_start[rows]
         q_d = q[idx].unsqueeze(2)  # [B, H, 1, D]
         kept = key_mask[:, :, None, None]  # [B, L, 1, 1]
-        k_d = _gather(k_cache, slots).to(q.dtype).where(kept, 0).transpose(1, 2)  # [B, Hkv, L, D]
-        v_d = _gather(v_cache, slots).to(q.dtype).where(kept, 0).transpose(1, 2)
+        k_d = _widened(_gather(k_cache, slots), q.dtype).where(kept, 0).transpose(1, 2)  # [B, Hkv, L, D]
+        v_d = _widened(_gather(v_cache, slots), q.dtype).where(kept, 0).transpose(1, 2)
         o = F.scaled_dot_product_attention(q_d, k_d, v_d, attn_mask=key_mask[:, None, None, :],
                                            scale=scale, enable_gqa=True)
         out[idx] = o.squeeze(2)

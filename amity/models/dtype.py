@@ -8,13 +8,15 @@ norms, residuals and activations that torch keeps in bfloat16. That trade is the
 user's to make (`--dtype bfloat16`), not a default.
 
 The KV cache follows the weights' precision (`resolve_kv_cache_dtype`), as vLLM's
-follows the model dtype and llama.cpp keeps float16 K/V: a model whose linear
-layers keep weights in 16 bits or fewer (the file's GGUF blocks, bfloat16, int8)
-keeps K/V in bfloat16, rounded once as written and widened as read. Decode
-attention reads every cached K/V row of every sequence each step at memory speed:
-halving those bytes shortens a 32-stream step by about a fifth, for an error far
-below the weights' own (benchmarks/README.md, sessions 13 and 18). Float32 weights
-(a float32 checkpoint, or `--dtype float32`, the reference path) keep float32 K/V.
+follows the model dtype and llama.cpp keeps float16 K/V. Decode attention reads
+every cached K/V row of every sequence each step at memory speed, so its bytes set
+a many-stream step's length. A model whose linear layers keep integer weights (the
+file's GGUF blocks, int8, int4) keeps K/V in int8, each head's row with its own
+scale (attention.py): a quarter of float32's bytes, for an error below the weights'
+own (benchmarks/README.md, session 24). One with bfloat16 weights keeps bfloat16
+K/V, rounded once as written and widened as read (sessions 13 and 18). Float32
+weights (a float32 checkpoint, or `--dtype float32`, the reference path) keep
+float32 K/V.
 """
 
 import os
@@ -33,16 +35,22 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def resolve_kv_cache_dtype(name: str, dtype: torch.dtype, narrow_weights: bool) -> torch.dtype:
-    """`--kv-cache-dtype`: auto is the model's dtype, or bfloat16 for a float32 model
-    whose weights are narrower (`narrow_weights`, quantization.py); a float32 model
-    may keep K/V in any of the three."""
+KV_CACHE_DTYPES = {**DTYPES, "int8": torch.int8}
+
+
+def resolve_kv_cache_dtype(name: str, dtype: torch.dtype, weights: str) -> torch.dtype:
+    """`--kv-cache-dtype`: auto is the model's dtype, or for a float32 model whose
+    linear layers keep narrower weights (`weights`, quantization.py's weight_storage)
+    int8 under integer weights and bfloat16 under 16-bit ones; a float32 model may
+    keep K/V in any of float32, bfloat16, float16 and int8 (attention.py)."""
     if name == "auto":
-        return torch.bfloat16 if dtype == torch.float32 and narrow_weights else dtype
-    if DTYPES[name] != dtype and dtype != torch.float32:
+        if dtype != torch.float32:
+            return dtype
+        return {"integer": torch.int8, "16-bit": torch.bfloat16}.get(weights, torch.float32)
+    if KV_CACHE_DTYPES[name] != dtype and dtype != torch.float32:
         raise ValueError(f"--kv-cache-dtype {name} with a {str(dtype).removeprefix('torch.')} model: "
                          "a 16-bit model keeps K/V in its own dtype (a float32 one may narrow them)")
-    return DTYPES[name]
+    return KV_CACHE_DTYPES[name]
 
 
 def resolve_device(name: str) -> torch.device:

@@ -369,12 +369,15 @@ SCHEMES = ("auto", *_LAYERS)
 _LM_HEAD_LAYERS = {"int4": _LAYERS["int8-weight"]}
 
 
-def narrow_weights(model: nn.Module) -> bool:
-    """Whether any linear layer of `model` keeps its weights in fewer than 32 bits
-    (file blocks, bfloat16, int8): what `--kv-cache-dtype auto` follows on a CPU."""
-    return any(buffer.dtype != torch.float32 for module in model.modules()
-               if isinstance(module, (_PanelLinear, Int8Linear))
-               for name, buffer in module.named_buffers(recurse=False) if name in ("weight_packed", "weight_t"))
+def weight_storage(model: nn.Module) -> str:
+    """How the narrowest linear layers of `model` keep their weights: "integer" (file
+    blocks, int8, int4), "16-bit" (bfloat16) or "float32": what `--kv-cache-dtype auto`
+    follows on a CPU (dtype.py)."""
+    dtypes = {buffer.dtype for module in model.modules() if isinstance(module, (_PanelLinear, Int8Linear))
+              for name, buffer in module.named_buffers(recurse=False) if name in ("weight_packed", "weight_t")}
+    if any(not dtype.is_floating_point for dtype in dtypes):
+        return "integer"
+    return "16-bit" if dtypes - {torch.float32} else "float32"
 
 
 def rows_differ_by_role(model: nn.Module, kv_cache_dtype: torch.dtype, head_dim: int) -> bool:

@@ -118,15 +118,16 @@ def test_chunked_prefill_changes_nothing(make_engine, alone, vocab_size):
     assert_all_blocks_free(engine)
 
 
-def test_a_bfloat16_kv_cache_changes_nothing_between_batches_and_chunks(make_engine, vocab_size):
-    # `--kv-cache-dtype bfloat16` on a float32 model: K/V rounded once as written, so a
-    # request's tokens do not depend on its batch or its chunks either.
+@pytest.mark.parametrize("kv_cache_dtype", ["bfloat16", "int8"])
+def test_a_narrower_kv_cache_changes_nothing_between_batches_and_chunks(make_engine, vocab_size, kv_cache_dtype):
+    # `--kv-cache-dtype bfloat16` or `int8` on a float32 model: K/V rounded (quantized)
+    # once as written, so a request's tokens do not depend on its batch or its chunks either.
     ps = prompts(4, [45, 30, 6, 61], vocab_size, seed=2)
-    reference = make_engine(kv_cache_dtype="bfloat16", enable_prefix_caching=False)
-    assert reference.kv_cache.dtype == torch.bfloat16
+    reference = make_engine(kv_cache_dtype=kv_cache_dtype, enable_prefix_caching=False)
+    assert reference.kv_cache.dtype == getattr(torch, kv_cache_dtype)
     alone = [reference.generate([p], SamplingParams(max_tokens=12, **GREEDY))[0].ordered_choices[0].token_ids
              for p in ps]
-    engine = make_engine(kv_cache_dtype="bfloat16", max_num_batched_tokens=8, block_size=4)
+    engine = make_engine(kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=8, block_size=4)
     arrivals = {0: [(f"r{i}", p, SamplingParams(max_tokens=12, **GREEDY)) for i, p in enumerate(ps[:2])],
                 3: [(f"r{i}", p, SamplingParams(max_tokens=12, **GREEDY)) for i, p in enumerate(ps[2:], 2)]}
     got = run_arrivals(engine, arrivals)
@@ -138,23 +139,26 @@ def test_the_kv_cache_dtype_by_default_and_on_request():
     from torch import nn
 
     from amity.models.dtype import resolve_kv_cache_dtype
-    from amity.models.quantization import narrow_weights, quantize_model
+    from amity.models.quantization import quantize_model, weight_storage
 
-    # auto follows the weights: float32 ones keep float32 K/V, narrower ones bfloat16.
-    assert resolve_kv_cache_dtype("auto", torch.float32, narrow_weights=False) == torch.float32
-    assert resolve_kv_cache_dtype("auto", torch.float32, narrow_weights=True) == torch.bfloat16
-    assert resolve_kv_cache_dtype("auto", torch.bfloat16, narrow_weights=True) == torch.bfloat16
-    assert resolve_kv_cache_dtype("auto", torch.bfloat16, narrow_weights=False) == torch.bfloat16
-    assert resolve_kv_cache_dtype("float32", torch.float32, narrow_weights=True) == torch.float32
-    assert resolve_kv_cache_dtype("bfloat16", torch.float32, narrow_weights=False) == torch.bfloat16
-    assert resolve_kv_cache_dtype("float16", torch.float32, narrow_weights=False) == torch.float16
+    # auto follows the weights: float32 ones keep float32 K/V, bfloat16 ones bfloat16,
+    # integer ones (file blocks, int8, int4) int8.
+    assert resolve_kv_cache_dtype("auto", torch.float32, "float32") == torch.float32
+    assert resolve_kv_cache_dtype("auto", torch.float32, "16-bit") == torch.bfloat16
+    assert resolve_kv_cache_dtype("auto", torch.float32, "integer") == torch.int8
+    assert resolve_kv_cache_dtype("auto", torch.bfloat16, "16-bit") == torch.bfloat16
+    assert resolve_kv_cache_dtype("auto", torch.bfloat16, "float32") == torch.bfloat16
+    assert resolve_kv_cache_dtype("float32", torch.float32, "integer") == torch.float32
+    assert resolve_kv_cache_dtype("bfloat16", torch.float32, "float32") == torch.bfloat16
+    assert resolve_kv_cache_dtype("float16", torch.float32, "float32") == torch.float16
+    assert resolve_kv_cache_dtype("int8", torch.float32, "float32") == torch.int8
     with pytest.raises(ValueError, match="keeps K/V in its own dtype"):
-        resolve_kv_cache_dtype("float32", torch.bfloat16, narrow_weights=False)
+        resolve_kv_cache_dtype("float32", torch.bfloat16, "float32")
     cpu = torch.device("cpu")
     layers = {scheme: quantize_model(nn.Sequential(nn.Linear(64, 32)), scheme, cpu)
               for scheme in ("none", "auto", "bf16-weight", "int8", "int4")}
-    assert {scheme: narrow_weights(model) for scheme, model in layers.items()} == {
-        "none": False, "auto": False, "bf16-weight": True, "int8": True, "int4": True}
+    assert {scheme: weight_storage(model) for scheme, model in layers.items()} == {
+        "none": "float32", "auto": "float32", "bf16-weight": "16-bit", "int8": "integer", "int4": "integer"}
 
 
 def test_prefix_cache_hit_reports_cached_tokens_and_same_output(make_engine, alone, vocab_size):

@@ -12,7 +12,7 @@ h // (H / Hkv).
 import pytest
 import torch
 
-from amity.models.attention import AttentionMetadata, reference_paged_attention
+from amity.models.attention import AttentionMetadata, dequantize_rows, quantize_rows, reference_paged_attention
 from amity.models.cpu_kernels import load_cpu_kernels
 
 BLOCK_SIZE = 4
@@ -28,6 +28,15 @@ HEAD_SHAPES = [(6, 2, 16), (6, 1, 64), (4, 2, 24)]
 # items of 32 rows (the chunk of 40); three fresh chunks of 20 sit side by side.
 STEP = [(9, 1), (0, 1), (3, 1), (5, 7), (0, 20), (0, 20), (0, 20), (11, 18), (2, 16), (0, 3), (40, 1), (33, 2),
         (0, 40)]
+
+
+def _cached(x, cache_dtype):
+    """x as a cache of `cache_dtype` keeps it (an int8 cache: rows with their scales)."""
+    return quantize_rows(x) if cache_dtype == torch.int8 else x.to(cache_dtype)
+
+
+def _widened(cache):
+    return dequantize_rows(cache) if cache.dtype == torch.int8 else cache
 
 
 def _build_step(dtype, heads=(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM), cache_dtype=None):
@@ -51,8 +60,8 @@ def _build_step(dtype, heads=(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM), cache_dtype=No
     num_tokens = query_start[-1]
     shape = (NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, head_dim)
     # Cached K/V: random everywhere, so whatever a wrong slot reads is wrong.
-    k_cache = torch.randn(shape, generator=gen).to(cache_dtype or dtype)
-    v_cache = torch.randn(shape, generator=gen).to(cache_dtype or dtype)
+    k_cache = _cached(torch.randn(shape, generator=gen), cache_dtype or dtype)
+    v_cache = _cached(torch.randn(shape, generator=gen), cache_dtype or dtype)
     q = torch.randn(num_tokens, num_heads, head_dim, generator=gen).to(dtype)
     k = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
     v = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
@@ -62,10 +71,10 @@ def _build_step(dtype, heads=(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM), cache_dtype=No
 def _dense(q, k, v, k_cache, v_cache, tables, scale):
     """The definition, written out in float64 on the cache as it is after the step's writes."""
     out = torch.empty(q.shape, dtype=torch.float64)
-    num_heads, num_kv_heads, head_dim = q.shape[1], *k_cache.shape[2:]
+    num_heads, num_kv_heads, head_dim = q.shape[1], k_cache.shape[2], q.shape[2]
     group = num_heads // num_kv_heads
-    flat_k = k_cache.double().reshape(-1, num_kv_heads, head_dim)
-    flat_v = v_cache.double().reshape(-1, num_kv_heads, head_dim)
+    flat_k = _widened(k_cache).double().reshape(-1, num_kv_heads, head_dim)
+    flat_v = _widened(v_cache).double().reshape(-1, num_kv_heads, head_dim)
     token = 0
     for (cached, new), table in zip(STEP, tables):
         total = cached + new
@@ -81,12 +90,13 @@ def _dense(q, k, v, k_cache, v_cache, tables, scale):
 
 
 # A float32 model may keep a narrower cache (--kv-cache-dtype): the new K/V are rounded
-# as written, and attention reads them so; against the cache as it is after the
-# writes, the float32 queries' results are float32-exact.
+# (or quantized, int8) as written, and attention reads them so; against the cache as
+# it is after the writes, the float32 queries' results are float32-exact.
 @pytest.mark.parametrize("heads", HEAD_SHAPES)
 @pytest.mark.parametrize("dtype,cache_dtype,atol", [(torch.float32, None, 1e-5), (torch.bfloat16, None, 2e-2),
                                                     (torch.float32, torch.bfloat16, 1e-5),
-                                                    (torch.float32, torch.float16, 1e-5)])
+                                                    (torch.float32, torch.float16, 1e-5),
+                                                    (torch.float32, torch.int8, 1e-5)])
 @pytest.mark.parametrize("impl", ["kernel", "reference"])
 def test_paged_attention_matches_definition(impl, dtype, cache_dtype, atol, heads):
     load_cpu_kernels()
@@ -99,9 +109,11 @@ def test_paged_attention_matches_definition(impl, dtype, cache_dtype, atol, head
                                               meta.block_tables, scale)
     else:
         out = reference_paged_attention(q, k, v, k_cache, v_cache, meta, scale)
-    # The step's new K/V went to their slots.
-    assert torch.equal(k_cache.reshape(-1, num_kv_heads, head_dim)[meta.slot_mapping], k.to(k_cache.dtype))
-    assert torch.equal(v_cache.reshape(-1, num_kv_heads, head_dim)[meta.slot_mapping], v.to(v_cache.dtype))
+    # The step's new K/V went to their slots, as the cache keeps them (the kernel's
+    # int8 rows are torch's round(x / scale), the reference's).
+    row = k_cache.shape[-1]
+    assert torch.equal(k_cache.reshape(-1, num_kv_heads, row)[meta.slot_mapping], _cached(k, k_cache.dtype))
+    assert torch.equal(v_cache.reshape(-1, num_kv_heads, row)[meta.slot_mapping], _cached(v, v_cache.dtype))
     expected = _dense(q, k, v, k_cache, v_cache, tables, scale)
     assert out.dtype == dtype and out.shape == q.shape
     torch.testing.assert_close(out.double(), expected, atol=atol, rtol=0)
@@ -127,7 +139,7 @@ def test_fresh_chunks_side_by_side_get_the_bits_they_get_alone():
         assert torch.equal(together[start - first:start - first + 20], alone), s
 
 
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.int8])
 def test_decodes_side_by_side_get_the_bits_they_get_alone(cache_dtype):
     """Many decodes in one step go to the threads a sequence at a time, every KV head of
     it in one work item; one alone goes a head at a time: the same bits."""
@@ -141,8 +153,8 @@ def test_decodes_side_by_side_get_the_bits_they_get_alone(cache_dtype):
     block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables])
     slots = torch.tensor([t[(n - 1) // BLOCK_SIZE] * BLOCK_SIZE + (n - 1) % BLOCK_SIZE for t, n in zip(tables, contexts)])
     shape = (NUM_BLOCKS * 4, BLOCK_SIZE, num_kv_heads, head_dim)
-    k_cache = torch.randn(shape, generator=gen).to(cache_dtype)
-    v_cache = torch.randn(shape, generator=gen).to(cache_dtype)
+    k_cache = _cached(torch.randn(shape, generator=gen), cache_dtype)
+    v_cache = _cached(torch.randn(shape, generator=gen), cache_dtype)
     q = torch.randn(len(contexts), num_heads, head_dim, generator=gen)
     k = torch.randn(len(contexts), num_kv_heads, head_dim, generator=gen)
     v = torch.randn(len(contexts), num_kv_heads, head_dim, generator=gen)
@@ -158,7 +170,7 @@ def test_decodes_side_by_side_get_the_bits_they_get_alone(cache_dtype):
 
 
 @pytest.mark.parametrize("tiles", [False, True])
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.int8])
 def test_a_rows_bits_do_not_depend_on_its_chunk(cache_dtype, tiles):
     """Every query row is computed alone: a prompt attended whole, in chunks of any
     length (as chunked prefill, a prefix-cache hit or a recompute after preemption
@@ -175,7 +187,7 @@ def test_a_rows_bits_do_not_depend_on_its_chunk(cache_dtype, tiles):
     slots = table[positions // BLOCK_SIZE] * BLOCK_SIZE + positions % BLOCK_SIZE
 
     def attend(splits):
-        k_cache = torch.zeros(NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, head_dim, dtype=cache_dtype)
+        k_cache = _cached(torch.zeros(NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, head_dim), cache_dtype)
         v_cache = torch.zeros_like(k_cache)
         return torch.cat([torch.ops.amity.paged_attention(q[a:b], k[a:b], v[a:b], k_cache, v_cache, slots[a:b],
                                                           torch.tensor([0, b - a]), torch.tensor([b]),
@@ -227,20 +239,26 @@ def test_kernel_takes_strided_query():
                                atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.int8])
 @pytest.mark.parametrize("impl", ["kernel", "reference"])
-def test_unused_slots_never_reach_an_output(impl):
+def test_unused_slots_never_reach_an_output(impl, cache_dtype):
     """Issue 13 (defect 8): a NaN or Inf left in a slot no sequence of the step owns
     (a freed block, the tail of a last block, the padding of a block table) must not
-    reach any output: masking the scores alone still multiplies 0 by NaN."""
+    reach any output: masking the scores alone still multiplies 0 by NaN. In an int8
+    cache the poison is in the rows' scales."""
     load_cpu_kernels()
-    q, k, v, k_cache, v_cache, meta, tables = _build_step(torch.float32)
+    q, k, v, k_cache, v_cache, meta, tables = _build_step(torch.float32, cache_dtype=cache_dtype)
     owned = torch.zeros(NUM_BLOCKS * BLOCK_SIZE, dtype=torch.bool)
     for (cached, new), table in zip(STEP, tables):
         owned[[table[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(cached + new)]] = True
     poison = torch.tensor([float("nan"), float("inf")]).repeat(NUM_BLOCKS * BLOCK_SIZE // 2)
     for cache in (k_cache, v_cache):
-        flat = cache.view(-1, NUM_KV_HEADS, HEAD_DIM)
-        flat[~owned] = poison[~owned][:, None, None]
+        flat = cache.view(-1, NUM_KV_HEADS, cache.shape[-1])
+        if cache_dtype == torch.int8:
+            scales = flat[..., HEAD_DIM:].view(torch.float32)  # [slots, heads, 1], the same memory
+            scales[~owned] = poison[~owned][:, None, None]
+        else:
+            flat[~owned] = poison[~owned][:, None, None]
     scale = HEAD_DIM ** -0.5
     if impl == "kernel":
         out = torch.ops.amity.paged_attention(q, k, v, k_cache, v_cache, meta.slot_mapping,

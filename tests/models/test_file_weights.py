@@ -197,12 +197,12 @@ def test_an_explicit_float32_dtype_is_the_reference_path():
 
 
 def test_the_kv_cache_keeps_the_weights_precision(default_model):
-    # --kv-cache-dtype auto: the default model's file blocks keep K/V in bfloat16, the
+    # --kv-cache-dtype auto: the default model's file blocks keep K/V in int8, the
     # float32 reference path (--dtype float32) in float32.
     blocks = LLMEngine(EngineConfig(kv_cache_memory="16MiB", num_threads=1), copy.deepcopy(default_model))
     exact = LLMEngine(EngineConfig(dtype="float32", kv_cache_memory="16MiB", num_threads=1),
                       copy.deepcopy(default_model))
-    assert (blocks.kv_cache.dtype, exact.kv_cache.dtype) == (torch.bfloat16, torch.float32)
+    assert (blocks.kv_cache.dtype, exact.kv_cache.dtype) == (torch.int8, torch.float32)
 
 
 # benchmarks/README.md, session 7, over three 700-token texts: auto (the file's Q4_1 and

@@ -67,6 +67,27 @@ inline const float* widen(const c10::Half* src, float* dst, int64_t n) {
   return dst;
 }
 
+// An int8 cache keeps each head's row as head_dim values and their float32 scale
+// after them (attention.py): the row is values times scale.
+inline float row_scale(const int8_t* row, int64_t head_dim) {
+  float scale;
+  std::memcpy(&scale, row + head_dim, sizeof(scale));
+  return scale;
+}
+
+inline const float* widen(const int8_t* src, float* dst, int64_t n) {
+  const float scale = row_scale(src, n);
+#pragma omp simd
+  for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<float>(src[d]) * scale;
+  return dst;
+}
+
+// A head's K or V row in the cache, in elements: head_dim, and the scale's bytes for int8.
+template <typename cache_t>
+constexpr int64_t row_elements(int64_t head_dim) {
+  return head_dim + (std::is_same_v<cache_t, int8_t> ? static_cast<int64_t>(sizeof(float)) : 0);
+}
+
 // The dot product of a query and a key row. gcc's own reduction of an omp simd
 // loop ends in a serial chain of scalar adds; the AVX-512 form sums in a tree.
 inline float dot(const float* a, const float* b, int64_t n) {
@@ -226,8 +247,17 @@ inline void widen_keys(const cache_t* cache, const int64_t* table, int64_t j0, i
                        int64_t block_size, int64_t slot_stride, int64_t head_offset, float* rows) {
   constexpr int D = 16 * NV;
   for (int64_t jj = 0; jj < 16; ++jj) {
-    const cache_t* row = key_row(cache, table, j0, jj, count, num_keys, block_size, slot_stride, head_offset, D);
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(rows + jj * D + 16 * v, load16(row + 16 * v));
+    const cache_t* row = key_row(cache, table, j0, jj, count, num_keys, block_size, slot_stride, head_offset,
+                                 row_elements<cache_t>(D));
+    if constexpr (std::is_same_v<cache_t, int8_t>) {
+      const __m512 scale = _mm512_set1_ps(row_scale(row, D));
+      for (int v = 0; v < NV; ++v) {
+        const __m512i wide = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * v)));
+        _mm512_storeu_ps(rows + jj * D + 16 * v, _mm512_mul_ps(_mm512_cvtepi32_ps(wide), scale));
+      }
+    } else {
+      for (int v = 0; v < NV; ++v) _mm512_storeu_ps(rows + jj * D + 16 * v, load16(row + 16 * v));
+    }
   }
 }
 
@@ -540,7 +570,9 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   const cache_t* v_ptr = v_cache.data_ptr<cache_t>();
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   scalar_t* out_ptr = out.data_ptr<scalar_t>();
-  const int64_t slot_stride = num_kv_heads * head_dim;
+  const int64_t row_elems = row_elements<cache_t>(head_dim), slot_stride = num_kv_heads * row_elems;
+  TORCH_CHECK(k_cache.size(3) == row_elems, "amity::paged_attention: the cache's rows hold ", k_cache.size(3),
+              " elements, not ", row_elems, " for head_dim ", head_dim);
   const float scale_f = static_cast<float>(scale);
 
   // Threads pay off only past a few thousand key rows: a batch-1 decode stays on
@@ -611,7 +643,7 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
               if (on_tiles(r0)) {
                 switch (head_dim / 32) {
   #define AMITY_NB(NB) case NB: attend_rows_tiles<scalar_t, NB>(queries.data() + r0 * group * head_dim, n, group, \
-                first_keys + r0, k_ptr, v_ptr, table, block_size, slot_stride, kv_head * head_dim, scores, \
+                first_keys + r0, k_ptr, v_ptr, table, block_size, slot_stride, kv_head * row_elems, scores, \
                 inv_sum.data(), acc.data(), tile_scratch, out_rows, num_heads * head_dim, head_dim); break;
                   AMITY_NB(1) AMITY_NB(2) AMITY_NB(3) AMITY_NB(4) AMITY_NB(5) AMITY_NB(6) AMITY_NB(7) AMITY_NB(8)
   #undef AMITY_NB
@@ -623,7 +655,7 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
             scores.resize(n * group * stride);
             switch (head_dim / 16) {
   #define AMITY_NV(NV) case NV: attend_rows_vectorized<scalar_t, cache_t, NV>(queries.data() + r0 * group * head_dim, \
-                n, group, first_keys + r0, k_ptr, v_ptr, table, block_size, slot_stride, kv_head * head_dim, \
+                n, group, first_keys + r0, k_ptr, v_ptr, table, block_size, slot_stride, kv_head * row_elems, \
                 scores.data(), inv_sum.data(), acc.data(), block_rows.data(), out_rows, num_heads * head_dim, head_dim); break;
               AMITY_NV(1) AMITY_NV(2) AMITY_NV(3) AMITY_NV(4) AMITY_NV(5) AMITY_NV(6) AMITY_NV(7) AMITY_NV(8)
               AMITY_NV(9) AMITY_NV(10) AMITY_NV(11) AMITY_NV(12) AMITY_NV(13) AMITY_NV(14) AMITY_NV(15) AMITY_NV(16)
@@ -638,7 +670,7 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
           const int64_t num_keys = first_keys + r;
           const float* query = queries.data() + r * group * head_dim;
           scores.resize(group * num_keys);
-          walk_context(k_ptr, table, num_keys, block_size, slot_stride, kv_head * head_dim, head_dim,
+          walk_context(k_ptr, table, num_keys, block_size, slot_stride, kv_head * row_elems, row_elems,
                        [&](int64_t j, const cache_t* key) {
             const float* kr = widen(key, row.data(), head_dim);
             for (int64_t g = 0; g < group; ++g)
@@ -657,7 +689,7 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
             inv_sum[g] = 1.f / sum;
           }
           std::fill(acc.begin(), acc.begin() + group * head_dim, 0.f);
-          walk_context(v_ptr, table, num_keys, block_size, slot_stride, kv_head * head_dim, head_dim,
+          walk_context(v_ptr, table, num_keys, block_size, slot_stride, kv_head * row_elems, row_elems,
                        [&](int64_t j, const cache_t* value) {
             const float* vr = widen(value, row.data(), head_dim);
             for (int64_t g = 0; g < group; ++g) {
@@ -713,6 +745,20 @@ inline void narrow_row(const float* src, cache_t* dst, int64_t n) {
   }
 }
 
+// One head's n float32 values as an int8 cache keeps them: rounded (to nearest even)
+// in units of scale = the row's largest magnitude / 127, the scale after them.
+// torch's round(x / scale) gives the same values (attention.py's reference).
+inline void quantize_row(const float* src, int8_t* dst, int64_t n) {
+  float most = 0.f;
+  for (int64_t d = 0; d < n; ++d) most = std::max(most, std::fabs(src[d]));
+  const float scale = most / 127.f;
+  for (int64_t d = 0; d < n; ++d) {
+    const float units = scale > 0.f ? std::nearbyint(src[d] / scale) : 0.f;
+    dst[d] = static_cast<int8_t>(units >= -127.f && units <= 127.f ? units : 0.f);  // a NaN row: zeros
+  }
+  std::memcpy(dst + n, &scale, sizeof(scale));
+}
+
 // The step's new K/V rows into their slots, as the cache keeps them: a row copy per
 // token (all index_copy_ does, without its dispatch and iterator set-up per call), or
 // a float32 row rounded into a 16-bit cache on the way.
@@ -720,13 +766,20 @@ void write_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k_in, 
               const at::Tensor& slot_mapping_in) {
   TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "the K and V caches disagree on dtype");
   const at::ScalarType cache_type = k_cache.scalar_type();
+  const bool quantized = cache_type == at::kChar;
+  TORCH_CHECK(!quantized || (k_in.scalar_type() == at::kFloat && v_in.scalar_type() == at::kFloat),
+              "an int8 KV cache takes float32 K/V");
   const bool narrowed = k_in.scalar_type() == at::kFloat && v_in.scalar_type() == at::kFloat &&
-                        (cache_type == at::kBFloat16 || cache_type == at::kHalf);
+                        (cache_type == at::kBFloat16 || cache_type == at::kHalf || quantized);
   const at::Tensor k = narrowed ? k_in.contiguous() : contiguous_as(k_in, cache_type);
   const at::Tensor v = narrowed ? v_in.contiguous() : contiguous_as(v_in, cache_type);
   const at::Tensor slots = contiguous_as(slot_mapping_in, at::kLong);
-  const int64_t row_values = k_cache.size(2) * k_cache.size(3);
-  const int64_t row_bytes = row_values * k_cache.element_size(), src_row_bytes = row_values * k.element_size();
+  const int64_t num_kv_heads = k_cache.size(2), head_dim = k.size(2);
+  const int64_t row_values = num_kv_heads * head_dim;
+  const int64_t row_bytes = num_kv_heads * k_cache.size(3) * k_cache.element_size();
+  const int64_t src_row_bytes = row_values * k.element_size();
+  TORCH_CHECK(row_bytes == (quantized ? num_kv_heads * (head_dim + 4) : row_values * k_cache.element_size()),
+              "the new K/V's rows do not fit the cache's");
   const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
   const int64_t* slot = slots.data_ptr<int64_t>();
   const char* k_src = static_cast<const char*>(k.data_ptr());
@@ -736,6 +789,9 @@ void write_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k_in, 
   const auto put = [&](const char* src, char* dst) {
     const float* values = reinterpret_cast<const float*>(src);
     if (!narrowed) std::memcpy(dst, src, row_bytes);
+    else if (quantized)
+      for (int64_t h = 0; h < num_kv_heads; ++h)
+        quantize_row(values + h * head_dim, reinterpret_cast<int8_t*>(dst) + h * (head_dim + 4), head_dim);
     else if (cache_type == at::kBFloat16) narrow_row(values, reinterpret_cast<c10::BFloat16*>(dst), row_values);
     else narrow_row(values, reinterpret_cast<c10::Half*>(dst), row_values);
   };
@@ -794,6 +850,8 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_in, const
       attend_in_place<float, c10::BFloat16>(q, k_cache, v_cache, starts, ctx, block_tables, pieces, scale, tiled, out);
     else if (q_type == at::kFloat && cache_type == at::kHalf)
       attend_in_place<float, c10::Half>(q, k_cache, v_cache, starts, ctx, block_tables, pieces, scale, tiled, out);
+    else if (q_type == at::kFloat && cache_type == at::kChar)
+      attend_in_place<float, int8_t>(q, k_cache, v_cache, starts, ctx, block_tables, pieces, scale, tiled, out);
     else if (q_type == at::kBFloat16 && cache_type == at::kBFloat16)
       attend_in_place<c10::BFloat16, c10::BFloat16>(q, k_cache, v_cache, starts, ctx, block_tables, pieces, scale,
                                                     tiled, out);
@@ -801,7 +859,7 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_in, const
       attend_in_place<c10::Half, c10::Half>(q, k_cache, v_cache, starts, ctx, block_tables, pieces, scale, tiled, out);
     else
       TORCH_CHECK(false, "amity::paged_attention: queries in ", q_type, " with a ", cache_type,
-                  " KV cache (it takes float32 queries with a float32, bfloat16 or float16 cache, "
+                  " KV cache (it takes float32 queries with a float32, bfloat16, float16 or int8 cache, "
                   "or queries and cache of one 16-bit type)");
   }
   return out;
