@@ -37,7 +37,7 @@ class EngineConfig:
     kv_cache_dtype: str = _opt(
         "auto",
         "How the KV cache keeps K and V. auto: as precise as the weights: int8 (each head's "
-        "row with its float32 scale) where the linear layers keep integer weights (GGUF blocks, "
+        "row's 32 values with a float32 scale) where the linear layers keep integer weights (GGUF blocks, "
         "int8, int4), bfloat16 where they keep bfloat16, rounded once as written and widened "
         "to float32 as read (fewer bytes for decode attention to read every step); float32 for "
         "float32 weights (--dtype float32, the reference path). A float32 model may keep them "

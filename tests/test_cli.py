@@ -9,8 +9,13 @@ import pytest
 
 
 def test_generate_prints_a_completion_from_the_default_model():
+    # "What is the capital of France?" alone is a near tie for the Q4_1 weights at the
+    # first token ("L" -1.94 against "The" -2.14 on a float32 KV cache, -1.963 against
+    # -1.960 on a bfloat16 one): the answer flipped with the cache's rounding. Asked
+    # this way, every cache and the float32 reference path answer Paris.
     result = subprocess.run(
-        [sys.executable, "-m", "amity.cli", "generate", "What is the capital of France?", "--chat",
+        [sys.executable, "-m", "amity.cli", "generate", "What is the capital city of France? Answer in one sentence.",
+         "--chat",
          "--max-tokens", "12", "--kv-cache-memory", "64MiB"],
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr

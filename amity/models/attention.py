@@ -60,33 +60,42 @@ def _context_slots(block_table: torch.Tensor, context_len: int, block_size: int)
     return slots.reshape(-1)[:context_len]
 
 
+KV_GROUP = 32  # int8 values per scale (csrc/paged_attention.cpp's kGroup), as llama.cpp's q8_0
+
+
 def kv_row_elements(head_dim: int, cache_dtype: torch.dtype) -> int:
     """A head's K or V row in a cache of `cache_dtype`: its head_dim values, and in an
-    int8 cache the row's float32 scale after them (its 4 bytes)."""
-    return head_dim + 4 if cache_dtype == torch.int8 else head_dim
+    int8 cache a float32 scale (4 bytes) for each group of KV_GROUP of them after them."""
+    return head_dim + 4 * -(-head_dim // KV_GROUP) if cache_dtype == torch.int8 else head_dim
 
 
 def quantize_rows(x: torch.Tensor) -> torch.Tensor:
-    """float32 [..., head_dim] -> int8 rows [..., head_dim + 4]: round(x / scale) with
-    scale = the row's largest magnitude / 127, then the scale's bytes (the kernel's
-    quantize_row; a row of zeros has scale 0, a row with a NaN zeros)."""
-    scale = x.abs().amax(-1, keepdim=True) / 127
-    units = torch.round(x / scale)
-    units = torch.where((scale > 0) & (units.abs() <= 127), units, 0)
-    return torch.cat([units.to(torch.int8), scale.view(torch.int8)], -1)
+    """float32 [..., head_dim] -> int8 rows [..., kv_row_elements]: each group of
+    KV_GROUP values round(x / scale) with scale = the group's largest magnitude / 127,
+    then the scales' bytes (the kernel's quantize_row; a group of zeros has scale 0,
+    a group with a NaN zeros)."""
+    values, scales = [], []
+    for group in x.split(KV_GROUP, -1):
+        scale = group.abs().amax(-1, keepdim=True) / 127
+        units = torch.round(group / scale)
+        values.append(torch.where((scale > 0) & (units.abs() <= 127), units, 0).to(torch.int8))
+        scales.append(scale)
+    return torch.cat([*values, torch.cat(scales, -1).contiguous().view(torch.int8)], -1)
 
 
-def dequantize_rows(rows: torch.Tensor) -> torch.Tensor:
-    """int8 rows [..., head_dim + 4] -> float32 [..., head_dim]: values times scale."""
-    return rows[..., :-4].float() * rows[..., -4:].contiguous().view(torch.float32)
+def dequantize_rows(rows: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """int8 rows [..., kv_row_elements] -> float32 [..., head_dim]: values times their group's scale."""
+    scales = rows[..., head_dim:].contiguous().view(torch.float32)
+    return rows[..., :head_dim].float() * scales.repeat_interleave(KV_GROUP, -1)[..., :head_dim]
 
 
 def _as_cached(x: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:
     return quantize_rows(x.float()) if cache_dtype == torch.int8 else x.to(cache_dtype)
 
 
-def _widened(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return (dequantize_rows(rows) if rows.dtype == torch.int8 else rows).to(dtype)
+def _widened(rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Cached rows as `like` (the queries) computes with them."""
+    return (dequantize_rows(rows, like.shape[-1]) if rows.dtype == torch.int8 else rows).to(like.dtype)
 
 
 def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -103,7 +112,7 @@ def reference_paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata
     k_rows, v_rows = _as_cached(k, k_cache.dtype), _as_cached(v, v_cache.dtype)
     k_cache.view(-1, num_kv_heads, row).index_copy_(0, meta.slot_mapping, k_rows)
     v_cache.view(-1, num_kv_heads, row).index_copy_(0, meta.slot_mapping, v_rows)
-    k, v = _widened(k_rows, q.dtype), _widened(v_rows, q.dtype)
+    k, v = _widened(k_rows, q), _widened(v_rows, q)
     out = torch.empty_like(q)
     starts = meta.query_start.tolist()
     context_lens = meta.context_lens.tolist()
@@ -120,7 +129,7 @@ def reference_paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata
             mask, causal = None, True
         else:
             slots = _context_slots(meta.block_tables[s], ctx_len, block_size)
-            k_i, v_i = _widened(_gather(k_cache, slots), q.dtype), _widened(_gather(v_cache, slots), q.dtype)
+            k_i, v_i = _widened(_gather(k_cache, slots), q), _widened(_gather(v_cache, slots), q)
             q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
             mask = torch.arange(ctx_len, device=q.device)[None, :] <= q_pos[:, None]
             causal = False
@@ -139,8 +148,8 @@ def reference_paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata
         idx = meta.query_start[rows]
         q_d = q[idx].unsqueeze(2)  # [B, H, 1, D]
         kept = key_mask[:, :, None, None]  # [B, L, 1, 1]
-        k_d = _widened(_gather(k_cache, slots), q.dtype).where(kept, 0).transpose(1, 2)  # [B, Hkv, L, D]
-        v_d = _widened(_gather(v_cache, slots), q.dtype).where(kept, 0).transpose(1, 2)
+        k_d = _widened(_gather(k_cache, slots), q).where(kept, 0).transpose(1, 2)  # [B, Hkv, L, D]
+        v_d = _widened(_gather(v_cache, slots), q).where(kept, 0).transpose(1, 2)
         o = F.scaled_dot_product_attention(q_d, k_d, v_d, attn_mask=key_mask[:, None, None, :],
                                            scale=scale, enable_gqa=True)
         out[idx] = o.squeeze(2)

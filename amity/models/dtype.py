@@ -11,9 +11,9 @@ The KV cache follows the weights' precision (`resolve_kv_cache_dtype`), as vLLM'
 follows the model dtype and llama.cpp keeps float16 K/V. Decode attention reads
 every cached K/V row of every sequence each step at memory speed, so its bytes set
 a many-stream step's length. A model whose linear layers keep integer weights (the
-file's GGUF blocks, int8, int4) keeps K/V in int8, each head's row with its own
-scale (attention.py): a quarter of float32's bytes, for an error below the weights'
-own (benchmarks/README.md, session 24). One with bfloat16 weights keeps bfloat16
+file's GGUF blocks, int8, int4) keeps K/V in int8, a scale for each 32 values
+(attention.py): 72 bytes a 64-value row against bfloat16's 128, for an error well
+below the weights' own (benchmarks/README.md, session 24). One with bfloat16 weights keeps bfloat16
 K/V, rounded once as written and widened as read (sessions 13 and 18). Float32
 weights (a float32 checkpoint, or `--dtype float32`, the reference path) keep
 float32 K/V.

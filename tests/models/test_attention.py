@@ -35,8 +35,8 @@ def _cached(x, cache_dtype):
     return quantize_rows(x) if cache_dtype == torch.int8 else x.to(cache_dtype)
 
 
-def _widened(cache):
-    return dequantize_rows(cache) if cache.dtype == torch.int8 else cache
+def _widened(cache, head_dim):
+    return dequantize_rows(cache, head_dim) if cache.dtype == torch.int8 else cache
 
 
 def _build_step(dtype, heads=(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM), cache_dtype=None):
@@ -73,8 +73,8 @@ def _dense(q, k, v, k_cache, v_cache, tables, scale):
     out = torch.empty(q.shape, dtype=torch.float64)
     num_heads, num_kv_heads, head_dim = q.shape[1], k_cache.shape[2], q.shape[2]
     group = num_heads // num_kv_heads
-    flat_k = _widened(k_cache).double().reshape(-1, num_kv_heads, head_dim)
-    flat_v = _widened(v_cache).double().reshape(-1, num_kv_heads, head_dim)
+    flat_k = _widened(k_cache, head_dim).double().reshape(-1, num_kv_heads, head_dim)
+    flat_v = _widened(v_cache, head_dim).double().reshape(-1, num_kv_heads, head_dim)
     token = 0
     for (cached, new), table in zip(STEP, tables):
         total = cached + new
@@ -255,7 +255,7 @@ def test_unused_slots_never_reach_an_output(impl, cache_dtype):
     for cache in (k_cache, v_cache):
         flat = cache.view(-1, NUM_KV_HEADS, cache.shape[-1])
         if cache_dtype == torch.int8:
-            scales = flat[..., HEAD_DIM:].view(torch.float32)  # [slots, heads, 1], the same memory
+            scales = flat[..., HEAD_DIM:].view(torch.float32)  # [slots, heads, groups], the same memory
             scales[~owned] = poison[~owned][:, None, None]
         else:
             flat[~owned] = poison[~owned][:, None, None]

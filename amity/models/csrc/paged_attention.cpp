@@ -67,25 +67,32 @@ inline const float* widen(const c10::Half* src, float* dst, int64_t n) {
   return dst;
 }
 
-// An int8 cache keeps each head's row as head_dim values and their float32 scale
-// after them (attention.py): the row is values times scale.
-inline float row_scale(const int8_t* row, int64_t head_dim) {
+// An int8 cache keeps each head's row as head_dim values, then a float32 scale for
+// each group of kGroup of them (attention.py): a value is itself times its group's.
+constexpr int64_t kGroup = 32;
+
+inline int64_t num_groups(int64_t head_dim) { return (head_dim + kGroup - 1) / kGroup; }
+
+inline float group_scale(const int8_t* row, int64_t head_dim, int64_t group) {
   float scale;
-  std::memcpy(&scale, row + head_dim, sizeof(scale));
+  std::memcpy(&scale, row + head_dim + group * static_cast<int64_t>(sizeof(float)), sizeof(scale));
   return scale;
 }
 
 inline const float* widen(const int8_t* src, float* dst, int64_t n) {
-  const float scale = row_scale(src, n);
+  for (int64_t g = 0; g < num_groups(n); ++g) {
+    const float scale = group_scale(src, n, g);
+    const int64_t end = std::min(n, (g + 1) * kGroup);
 #pragma omp simd
-  for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<float>(src[d]) * scale;
+    for (int64_t d = g * kGroup; d < end; ++d) dst[d] = static_cast<float>(src[d]) * scale;
+  }
   return dst;
 }
 
-// A head's K or V row in the cache, in elements: head_dim, and the scale's bytes for int8.
+// A head's K or V row in the cache, in elements: head_dim, and the scales' bytes for int8.
 template <typename cache_t>
 constexpr int64_t row_elements(int64_t head_dim) {
-  return head_dim + (std::is_same_v<cache_t, int8_t> ? static_cast<int64_t>(sizeof(float)) : 0);
+  return head_dim + (std::is_same_v<cache_t, int8_t> ? num_groups(head_dim) * static_cast<int64_t>(sizeof(float)) : 0);
 }
 
 // The dot product of a query and a key row. gcc's own reduction of an omp simd
@@ -250,8 +257,8 @@ inline void widen_keys(const cache_t* cache, const int64_t* table, int64_t j0, i
     const cache_t* row = key_row(cache, table, j0, jj, count, num_keys, block_size, slot_stride, head_offset,
                                  row_elements<cache_t>(D));
     if constexpr (std::is_same_v<cache_t, int8_t>) {
-      const __m512 scale = _mm512_set1_ps(row_scale(row, D));
-      for (int v = 0; v < NV; ++v) {
+      for (int v = 0; v < NV; ++v) {  // a vector's 16 values lie in one group
+        const __m512 scale = _mm512_set1_ps(group_scale(row, D, 16 * v / kGroup));
         const __m512i wide = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * v)));
         _mm512_storeu_ps(rows + jj * D + 16 * v, _mm512_mul_ps(_mm512_cvtepi32_ps(wide), scale));
       }
@@ -745,18 +752,22 @@ inline void narrow_row(const float* src, cache_t* dst, int64_t n) {
   }
 }
 
-// One head's n float32 values as an int8 cache keeps them: rounded (to nearest even)
-// in units of scale = the row's largest magnitude / 127, the scale after them.
-// torch's round(x / scale) gives the same values (attention.py's reference).
+// One head's n float32 values as an int8 cache keeps them: each group of kGroup
+// rounded (to nearest even) in units of scale = its largest magnitude / 127, the
+// scales after the values. torch's round(x / scale) gives the same values
+// (attention.py's reference).
 inline void quantize_row(const float* src, int8_t* dst, int64_t n) {
-  float most = 0.f;
-  for (int64_t d = 0; d < n; ++d) most = std::max(most, std::fabs(src[d]));
-  const float scale = most / 127.f;
-  for (int64_t d = 0; d < n; ++d) {
-    const float units = scale > 0.f ? std::nearbyint(src[d] / scale) : 0.f;
-    dst[d] = static_cast<int8_t>(units >= -127.f && units <= 127.f ? units : 0.f);  // a NaN row: zeros
+  for (int64_t g = 0; g < num_groups(n); ++g) {
+    const int64_t begin = g * kGroup, end = std::min(n, begin + kGroup);
+    float most = 0.f;
+    for (int64_t d = begin; d < end; ++d) most = std::max(most, std::fabs(src[d]));
+    const float scale = most / 127.f;
+    for (int64_t d = begin; d < end; ++d) {
+      const float units = scale > 0.f ? std::nearbyint(src[d] / scale) : 0.f;
+      dst[d] = static_cast<int8_t>(units >= -127.f && units <= 127.f ? units : 0.f);  // a NaN group: zeros
+    }
+    std::memcpy(dst + n + g * static_cast<int64_t>(sizeof(scale)), &scale, sizeof(scale));
   }
-  std::memcpy(dst + n, &scale, sizeof(scale));
 }
 
 // The step's new K/V rows into their slots, as the cache keeps them: a row copy per
@@ -778,7 +789,8 @@ void write_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k_in, 
   const int64_t row_values = num_kv_heads * head_dim;
   const int64_t row_bytes = num_kv_heads * k_cache.size(3) * k_cache.element_size();
   const int64_t src_row_bytes = row_values * k.element_size();
-  TORCH_CHECK(row_bytes == (quantized ? num_kv_heads * (head_dim + 4) : row_values * k_cache.element_size()),
+  const int64_t quantized_row = row_elements<int8_t>(head_dim);
+  TORCH_CHECK(row_bytes == (quantized ? num_kv_heads * quantized_row : row_values * k_cache.element_size()),
               "the new K/V's rows do not fit the cache's");
   const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
   const int64_t* slot = slots.data_ptr<int64_t>();
@@ -791,7 +803,7 @@ void write_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k_in, 
     if (!narrowed) std::memcpy(dst, src, row_bytes);
     else if (quantized)
       for (int64_t h = 0; h < num_kv_heads; ++h)
-        quantize_row(values + h * head_dim, reinterpret_cast<int8_t*>(dst) + h * (head_dim + 4), head_dim);
+        quantize_row(values + h * head_dim, reinterpret_cast<int8_t*>(dst) + h * quantized_row, head_dim);
     else if (cache_type == at::kBFloat16) narrow_row(values, reinterpret_cast<c10::BFloat16*>(dst), row_values);
     else narrow_row(values, reinterpret_cast<c10::Half*>(dst), row_values);
   };
