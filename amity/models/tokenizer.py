@@ -2,12 +2,42 @@
 
 A thin face over a `transformers` fast tokenizer: the engine needs ids in and text
 out, the server also needs the chat template. GGUF files carry their vocabulary,
-merges, special tokens and chat template in metadata; `transformers` converts them.
+merges, special tokens and chat template in metadata; `transformers` converts them,
+which takes seconds (gguf-py parses every metadata field of the file), so the
+converted tokenizer is kept as a tokenizer folder and later starts load that
+(`_gguf_tokenizer`).
 """
 
+import hashlib
+import os
+import shutil
 from pathlib import Path
 
+import transformers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "amity"
+
+
+def _gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    """A GGUF's tokenizer, converted once per file (its path, size and modification
+    time) and transformers release, then loaded from the cache's folder."""
+    stat = path.stat()
+    identity = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{transformers.__version__}"
+    folder = _cache_root() / "tokenizers" / hashlib.sha256(identity.encode()).hexdigest()[:32]
+    if (folder / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(str(folder))
+    hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    # Written aside and renamed into place, so a concurrent start never reads half a folder.
+    staging = folder.with_name(f"{folder.name}.{os.getpid()}.partial")
+    try:
+        hf.save_pretrained(str(staging))
+        staging.rename(folder)
+    except OSError:  # another start got there first, or the cache is not writable
+        shutil.rmtree(staging, ignore_errors=True)
+    return hf
 
 
 class Tokenizer:
@@ -21,7 +51,7 @@ class Tokenizer:
     def from_path(cls, model_path: str | Path, extra_eos_token_ids: set[int] = frozenset()):
         path = Path(model_path)
         if path.is_file():  # GGUF
-            hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            hf = _gguf_tokenizer(path)
         else:
             hf = AutoTokenizer.from_pretrained(str(path))
         eos = set(extra_eos_token_ids)
