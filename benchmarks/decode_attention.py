@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from amity.models.attention import kv_row_elements, quantize_rows
+from amity.models.attention import as_cached, kv_row_elements
 from amity.models.cpu_kernels import load_cpu_kernels
 
 NUM_SEQS, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 9, 3, 64, 16
@@ -48,11 +48,8 @@ def main() -> None:
     for name in args.dtypes:
         dtype = getattr(torch, name)
         shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
-
-        def cache():
-            return quantize_rows(torch.randn(shape)) if dtype == torch.int8 else torch.randn(shape).to(dtype)
-
-        caches = [(cache(), cache()) for _ in range(args.layers)]
+        caches = [(as_cached(torch.randn(shape), dtype), as_cached(torch.randn(shape), dtype))
+                  for _ in range(args.layers)]
         seconds = []
         for _ in range(args.rounds):
             started = time.perf_counter()

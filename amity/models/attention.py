@@ -1,11 +1,13 @@
 """Paged attention.
 
 K/V live in a pool of fixed-size blocks per layer: `[num_blocks, block_size,
-num_kv_heads, head_dim]`, in the model's dtype or, for a float32 model, a narrower
-one (`--kv-cache-dtype`; bfloat16 by default where the weights are narrower, dtype.py):
-rounded once as they are written, and every read, the new
-tokens' own included, sees the rounded values. An engine keeps every layer's pair in one tensor,
-`[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]` (`kv_cache[layer][0]`
+num_kv_heads, row]`, in the model's dtype or, for a float32 model, a narrower one
+(`--kv-cache-dtype`; by default int8 under integer weights and bfloat16 under bfloat16
+ones, dtype.py). A row is head_dim values; an int8 row is followed by a float32 scale
+for each 32 of them (`kv_row_elements`). Rounded or quantized once as they are written,
+and every read, the new tokens' own included, sees those values. An engine keeps every
+layer's pair in one tensor,
+`[num_layers, 2, num_blocks, block_size, num_kv_heads, row]` (`kv_cache[layer][0]`
 is that layer's K pool, a contiguous view), so a step passes the model one tensor.
 Each sequence names its blocks in a block table, so a token at position p sits in
 block `block_table[p // block_size]`, slot `p % block_size`. Every step writes the
@@ -89,11 +91,12 @@ def dequantize_rows(rows: torch.Tensor, head_dim: int) -> torch.Tensor:
     return rows[..., :head_dim].float() * scales.repeat_interleave(KV_GROUP, -1)[..., :head_dim]
 
 
-def _as_cached(x: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:
+def as_cached(x: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:
+    """New K or V [..., head_dim] as a cache of `cache_dtype` keeps them."""
     return quantize_rows(x.float()) if cache_dtype == torch.int8 else x.to(cache_dtype)
 
 
-def _widened(rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def widened(rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Cached rows as `like` (the queries) computes with them."""
     return (dequantize_rows(rows, like.shape[-1]) if rows.dtype == torch.int8 else rows).to(like.dtype)
 
@@ -109,10 +112,10 @@ def reference_paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata
     num_kv_heads, row = k_cache.shape[-2:]
     block_size = k_cache.shape[1]
     # The new K/V as the cache keeps them, for every use below (as the kernel does).
-    k_rows, v_rows = _as_cached(k, k_cache.dtype), _as_cached(v, v_cache.dtype)
+    k_rows, v_rows = as_cached(k, k_cache.dtype), as_cached(v, v_cache.dtype)
     k_cache.view(-1, num_kv_heads, row).index_copy_(0, meta.slot_mapping, k_rows)
     v_cache.view(-1, num_kv_heads, row).index_copy_(0, meta.slot_mapping, v_rows)
-    k, v = _widened(k_rows, q), _widened(v_rows, q)
+    k, v = widened(k_rows, q), widened(v_rows, q)
     out = torch.empty_like(q)
     starts = meta.query_start.tolist()
     context_lens = meta.context_lens.tolist()
@@ -129,7 +132,7 @@ def reference_paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata
             mask, causal = None, True
         else:
             slots = _context_slots(meta.block_tables[s], ctx_len, block_size)
-            k_i, v_i = _widened(_gather(k_cache, slots), q), _widened(_gather(v_cache, slots), q)
+            k_i, v_i = widened(_gather(k_cache, slots), q), widened(_gather(v_cache, slots), q)
             q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
             mask = torch.arange(ctx_len, device=q.device)[None, :] <= q_pos[:, None]
             causal = False
@@ -148,8 +151,8 @@ def reference_paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata
         idx = meta.query_start[rows]
         q_d = q[idx].unsqueeze(2)  # [B, H, 1, D]
         kept = key_mask[:, :, None, None]  # [B, L, 1, 1]
-        k_d = _widened(_gather(k_cache, slots), q).where(kept, 0).transpose(1, 2)  # [B, Hkv, L, D]
-        v_d = _widened(_gather(v_cache, slots), q).where(kept, 0).transpose(1, 2)
+        k_d = widened(_gather(k_cache, slots), q).where(kept, 0).transpose(1, 2)  # [B, Hkv, L, D]
+        v_d = widened(_gather(v_cache, slots), q).where(kept, 0).transpose(1, 2)
         o = F.scaled_dot_product_attention(q_d, k_d, v_d, attn_mask=key_mask[:, None, None, :],
                                            scale=scale, enable_gqa=True)
         out[idx] = o.squeeze(2)

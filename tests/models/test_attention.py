@@ -12,7 +12,7 @@ h // (H / Hkv).
 import pytest
 import torch
 
-from amity.models.attention import AttentionMetadata, dequantize_rows, quantize_rows, reference_paged_attention
+from amity.models.attention import AttentionMetadata, as_cached, reference_paged_attention, widened
 from amity.models.cpu_kernels import load_cpu_kernels
 
 BLOCK_SIZE = 4
@@ -28,15 +28,6 @@ HEAD_SHAPES = [(6, 2, 16), (6, 1, 64), (4, 2, 24)]
 # items of 32 rows (the chunk of 40); three fresh chunks of 20 sit side by side.
 STEP = [(9, 1), (0, 1), (3, 1), (5, 7), (0, 20), (0, 20), (0, 20), (11, 18), (2, 16), (0, 3), (40, 1), (33, 2),
         (0, 40)]
-
-
-def _cached(x, cache_dtype):
-    """x as a cache of `cache_dtype` keeps it (an int8 cache: rows with their scales)."""
-    return quantize_rows(x) if cache_dtype == torch.int8 else x.to(cache_dtype)
-
-
-def _widened(cache, head_dim):
-    return dequantize_rows(cache, head_dim) if cache.dtype == torch.int8 else cache
 
 
 def _build_step(dtype, heads=(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM), cache_dtype=None):
@@ -60,8 +51,8 @@ def _build_step(dtype, heads=(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM), cache_dtype=No
     num_tokens = query_start[-1]
     shape = (NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, head_dim)
     # Cached K/V: random everywhere, so whatever a wrong slot reads is wrong.
-    k_cache = _cached(torch.randn(shape, generator=gen), cache_dtype or dtype)
-    v_cache = _cached(torch.randn(shape, generator=gen), cache_dtype or dtype)
+    k_cache = as_cached(torch.randn(shape, generator=gen), cache_dtype or dtype)
+    v_cache = as_cached(torch.randn(shape, generator=gen), cache_dtype or dtype)
     q = torch.randn(num_tokens, num_heads, head_dim, generator=gen).to(dtype)
     k = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
     v = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
@@ -73,8 +64,8 @@ def _dense(q, k, v, k_cache, v_cache, tables, scale):
     out = torch.empty(q.shape, dtype=torch.float64)
     num_heads, num_kv_heads, head_dim = q.shape[1], k_cache.shape[2], q.shape[2]
     group = num_heads // num_kv_heads
-    flat_k = _widened(k_cache, head_dim).double().reshape(-1, num_kv_heads, head_dim)
-    flat_v = _widened(v_cache, head_dim).double().reshape(-1, num_kv_heads, head_dim)
+    flat_k = widened(k_cache, q).double().reshape(-1, num_kv_heads, head_dim)
+    flat_v = widened(v_cache, q).double().reshape(-1, num_kv_heads, head_dim)
     token = 0
     for (cached, new), table in zip(STEP, tables):
         total = cached + new
@@ -112,8 +103,8 @@ def test_paged_attention_matches_definition(impl, dtype, cache_dtype, atol, head
     # The step's new K/V went to their slots, as the cache keeps them (the kernel's
     # int8 rows are torch's round(x / scale), the reference's).
     row = k_cache.shape[-1]
-    assert torch.equal(k_cache.reshape(-1, num_kv_heads, row)[meta.slot_mapping], _cached(k, k_cache.dtype))
-    assert torch.equal(v_cache.reshape(-1, num_kv_heads, row)[meta.slot_mapping], _cached(v, v_cache.dtype))
+    assert torch.equal(k_cache.reshape(-1, num_kv_heads, row)[meta.slot_mapping], as_cached(k, k_cache.dtype))
+    assert torch.equal(v_cache.reshape(-1, num_kv_heads, row)[meta.slot_mapping], as_cached(v, v_cache.dtype))
     expected = _dense(q, k, v, k_cache, v_cache, tables, scale)
     assert out.dtype == dtype and out.shape == q.shape
     torch.testing.assert_close(out.double(), expected, atol=atol, rtol=0)
@@ -153,8 +144,8 @@ def test_decodes_side_by_side_get_the_bits_they_get_alone(cache_dtype):
     block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables])
     slots = torch.tensor([t[(n - 1) // BLOCK_SIZE] * BLOCK_SIZE + (n - 1) % BLOCK_SIZE for t, n in zip(tables, contexts)])
     shape = (NUM_BLOCKS * 4, BLOCK_SIZE, num_kv_heads, head_dim)
-    k_cache = _cached(torch.randn(shape, generator=gen), cache_dtype)
-    v_cache = _cached(torch.randn(shape, generator=gen), cache_dtype)
+    k_cache = as_cached(torch.randn(shape, generator=gen), cache_dtype)
+    v_cache = as_cached(torch.randn(shape, generator=gen), cache_dtype)
     q = torch.randn(len(contexts), num_heads, head_dim, generator=gen)
     k = torch.randn(len(contexts), num_kv_heads, head_dim, generator=gen)
     v = torch.randn(len(contexts), num_kv_heads, head_dim, generator=gen)
@@ -187,7 +178,7 @@ def test_a_rows_bits_do_not_depend_on_its_chunk(cache_dtype, tiles):
     slots = table[positions // BLOCK_SIZE] * BLOCK_SIZE + positions % BLOCK_SIZE
 
     def attend(splits):
-        k_cache = _cached(torch.zeros(NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, head_dim), cache_dtype)
+        k_cache = as_cached(torch.zeros(NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, head_dim), cache_dtype)
         v_cache = torch.zeros_like(k_cache)
         return torch.cat([torch.ops.amity.paged_attention(q[a:b], k[a:b], v[a:b], k_cache, v_cache, slots[a:b],
                                                           torch.tensor([0, b - a]), torch.tensor([b]),

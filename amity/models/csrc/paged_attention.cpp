@@ -817,8 +817,9 @@ void write_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k_in, 
 }  // namespace
 
 // q [T, H, D]; k, v [T, Hkv, D] (the step's new tokens, written to slot_mapping
-// first, in the cache's dtype); k_cache, v_cache [num_blocks, block_size, Hkv, D]
-// (q's dtype, or a narrower one for float32 queries); query_start [S + 1],
+// first, in the cache's dtype); k_cache, v_cache [num_blocks, block_size, Hkv, row]
+// (q's dtype, or a narrower one for float32 queries; row is D, or for int8 D values
+// and a float32 scale for each kGroup of them: row_elements); query_start [S + 1],
 // context_lens [S], block_tables [S, max_blocks] (int64). Returns [T, H, D].
 at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                            at::Tensor& k_cache, at::Tensor& v_cache,
