@@ -3,13 +3,18 @@ share one lookup, a failed lookup reaches every waiter and is not kept, an entry
 expires."""
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
+from amity.suite import callers
 from amity.suite.callers import TtlCache
 
 
-def test_concurrent_misses_share_one_lookup_and_failures_are_not_kept():
+def test_concurrent_misses_share_one_lookup_and_failures_are_not_kept(monkeypatch):
+    # The cache's clock moves only when the test moves it: a slow machine cannot expire an entry.
+    now_s = [1000.0]
+    monkeypatch.setattr(callers, "time", SimpleNamespace(monotonic=lambda: now_s[0]))
     lookups = []
 
     async def look_up(key, fail=False):
@@ -20,7 +25,7 @@ def test_concurrent_misses_share_one_lookup_and_failures_are_not_kept():
         return f"caller of {key}"
 
     async def scenario():
-        cache = TtlCache(ttl_s=0.3)
+        cache = TtlCache(ttl_s=10)
         values = await asyncio.gather(*(cache.get_or_load("a", lambda: look_up("a")) for _ in range(32)))
         assert values == ["caller of a"] * 32 and lookups == ["a"]
         assert await cache.get_or_load("a", lambda: look_up("a")) == "caller of a"
@@ -31,7 +36,10 @@ def test_concurrent_misses_share_one_lookup_and_failures_are_not_kept():
         with pytest.raises(PermissionError):  # not kept: looked up again
             await cache.get_or_load("b", lambda: look_up("b", fail=True))
         assert lookups == ["a", "b", "b"]
-        await asyncio.sleep(0.3)  # "a" expires
+        now_s[0] += 9.9
+        assert await cache.get_or_load("a", lambda: look_up("a")) == "caller of a"
+        assert lookups == ["a", "b", "b"]  # not yet expired
+        now_s[0] += 0.1  # "a" expires
         assert await cache.get_or_load("a", lambda: look_up("a")) == "caller of a"
         assert lookups == ["a", "b", "b", "a"]
 
