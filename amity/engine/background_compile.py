@@ -15,12 +15,20 @@ step may wait for a trace, never run inside one. What the threads also share is 
 CPU: the first compile on a machine (about three minutes for the default model,
 mostly inductor's C++ builds in subprocesses) slows the eager steps meanwhile.
 
+And the GIL: torch's ops release it, so an eager step gives it up once an op and
+then waits for the compile thread (dynamo's tracing is pure Python) to drop it,
+which Python asks for only after the switch interval, 5 ms by default: some 700
+ops a step made a warm start's first answer wait seconds. While the compile runs,
+the interval is 50 us (`COMPILE_SWITCH_INTERVAL_S`), so a step waits at most that
+per op; the compile thread, not the requests, pays for the switches.
+
 A daemon: a shutdown during the compile does not wait for it.
 """
 
 import enum
 import functools
 import logging
+import sys
 import threading
 import time
 
@@ -30,6 +38,8 @@ from amity.models.compilation import CompiledForward, warm_up
 
 logger = logging.getLogger("amity.engine")
 
+
+COMPILE_SWITCH_INTERVAL_S = 5e-5
 
 # Held by an fx trace (on the compile thread) and by an eager step (on the engine
 # thread) while a background compile runs; reentrant, as traces nest.
@@ -74,6 +84,8 @@ class BackgroundCompile:
         logger.info("compiling the model in the background (--compile auto); serving the "
                     "eager model meanwhile (the first compile on a machine takes minutes)")
         _serialize_fx_traces()
+        self._switch_interval_s = sys.getswitchinterval()
+        sys.setswitchinterval(COMPILE_SWITCH_INTERVAL_S)
         self._thread = threading.Thread(target=self._compile, args=(model, kv_cache),
                                         name="amity-compile", daemon=True)
         self._thread.start()
@@ -90,6 +102,8 @@ class BackgroundCompile:
             logger.info("compiled in %.1f s in the background; the next step runs the compiled "
                         "graphs", time.perf_counter() - started)
             self._ready = forward
+        finally:
+            sys.setswitchinterval(self._switch_interval_s)
         self._done.set()
 
     def wait(self, timeout_s: float | None = None) -> bool:

@@ -13,13 +13,15 @@ own offset: after the same workload it holds what the eager engine's holds.
 The graph's C++ reaches our ops through their C entry points, not the dispatcher.
 """
 
+import sys
 import threading
 
+import pytest
 import torch
 from torch._inductor.utils import run_and_get_cpp_code
 
 from amity.config import EngineConfig
-from amity.engine.background_compile import CompileState
+from amity.engine.background_compile import COMPILE_SWITCH_INTERVAL_S, CompileState
 from amity.engine.llm_engine import LLMEngine
 from amity.engine.outputs import FinalOutput
 from amity.engine.sampling_params import SamplingParams
@@ -112,15 +114,20 @@ def test_background_compile_switches_between_steps_without_changing_results(tiny
     _count_graphs_from_here()
     engine = _engine(tiny_llama_path, compile="auto")
     assert engine.compile_state is CompileState.EAGER  # until a server starts it
+    switch_interval_s = sys.getswitchinterval()
     engine.start_background_compile()
     background = engine._background_compile
     assert engine.compile_state is CompileState.COMPILING
+    # Steps wait for the compile thread's GIL at most this long an op (background_compile.py);
+    # the compile takes seconds, so it is still under way here.
+    assert sys.getswitchinterval() == pytest.approx(COMPILE_SWITCH_INTERVAL_S)
     # Eager steps beside the compile; with inductor's cache warm from the tests above,
     # the compile may end during them and a later step switch: the results stay.
     _assert_same(_run(engine, engine.vocab_size), expected)
     live_kv = engine.kv_cache.clone()
     assert background.wait(timeout_s=600) and not background.failed
     assert engine.compile_state is CompileState.COMPILED
+    assert sys.getswitchinterval() == pytest.approx(switch_interval_s)  # given back
     assert torch.equal(live_kv, engine.kv_cache)
     _assert_same(_run(engine, engine.vocab_size), expected)
     assert isinstance(engine.runner.forward, CompiledForward)
