@@ -3,7 +3,7 @@
 GGUF keeps hyper-parameters as `{arch}.*` metadata keys and weights under llama.cpp's
 names (`blk.N.attn_q.weight`), in one memory-mapped file. We translate both to the
 `transformers` vocabulary so the rest of the engine sees one kind of checkpoint.
-Each public function takes a path or an open `gguf.GGUFReader`.
+Each public function takes a path or an open `GgufFile` (gguf_reader.py).
 """
 
 import functools
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGUFReader
 from transformers import LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
 
 from amity.models.file_weights import FileWeight
 from amity.models.gguf_dequant import dequantize
+from amity.models.gguf_reader import GgufFile
 
 _ARCHS: dict[str, tuple[type[PretrainedConfig], str]] = {
     "llama": (LlamaConfig, "LlamaForCausalLM"),
@@ -50,25 +50,23 @@ _SKIPPED = {"rope_freqs.weight"}
 
 
 @functools.lru_cache(maxsize=4)
-def _open(path: str, mtime_ns: int, size: int) -> GGUFReader:
-    return GGUFReader(path, "r")
+def _open(path: str, mtime_ns: int, size: int) -> GgufFile:
+    return GgufFile(path)
 
 
-def open_gguf(path) -> GGUFReader:
+def open_gguf(path) -> GgufFile:
     """A memory-mapped reader for `path` (returned as is if already a reader)."""
-    # Parsing the metadata (the token list, mostly) takes seconds for a real model,
-    # and loading asks for config, eos ids and weights separately: parse once. The
-    # key includes mtime and size so a rewritten file is read afresh.
-    if isinstance(path, GGUFReader):
+    # Loading asks for config, eos ids and weights separately: parse once. The key
+    # includes mtime and size so a rewritten file is read afresh.
+    if isinstance(path, GgufFile):
         return path
     p = Path(path).resolve()
     st = p.stat()
     return _open(str(p), st.st_mtime_ns, st.st_size)
 
 
-def _meta(reader: GGUFReader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+def _meta(reader: GgufFile, key: str, default=None):
+    return reader.fields.get(key, default)
 
 
 def _f32(value) -> float:
@@ -77,7 +75,7 @@ def _f32(value) -> float:
     return float(str(np.float32(value)))
 
 
-def _arch(reader: GGUFReader) -> str:
+def _arch(reader: GgufFile) -> str:
     arch = _meta(reader, "general.architecture")
     if arch not in _ARCHS:
         raise ValueError(
@@ -86,7 +84,7 @@ def _arch(reader: GGUFReader) -> str:
     return arch
 
 
-def _rope_parameters(reader: GGUFReader, arch: str, theta: float, head_dim: int) -> dict:
+def _rope_parameters(reader: GgufFile, arch: str, theta: float, head_dim: int) -> dict:
     rope = {"rope_type": "default", "rope_theta": theta}
     kind = _meta(reader, f"{arch}.rope.scaling.type")
     factor = _meta(reader, f"{arch}.rope.scaling.factor")
@@ -169,10 +167,10 @@ def gguf_config(path) -> PretrainedConfig:
     vocab = get("vocab_size")
     if vocab is None:
         tokens = reader.fields.get("tokenizer.ggml.tokens")
-        vocab = len(tokens.data) if tokens is not None else None
+        vocab = len(tokens) if tokens is not None else None
     if vocab is None:
         embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
-        vocab = int(embd.shape[1])
+        vocab = embd.shape[1]
     theta = _f32(get("rope.freq_base", 10000.0))
     names = {t.name for t in reader.tensors}
 
@@ -227,7 +225,7 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def _permuted_heads(reader: GGUFReader, arch: str, gguf_name: str) -> int | None:
+def _permuted_heads(reader: GgufFile, arch: str, gguf_name: str) -> int | None:
     """llama's q and k rows are permuted in the file (see `_unpermute`): over how many heads."""
     if arch != "llama":
         return None
@@ -246,7 +244,7 @@ def iter_gguf_weights(path) -> Iterator[tuple[str, torch.Tensor]]:
     for t in reader.tensors:
         if t.name in _SKIPPED:
             continue
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        shape = tuple(reversed(t.shape))
         w = dequantize(t.data, t.tensor_type, shape)
         if heads := _permuted_heads(reader, arch, t.name):
             w = _unpermute(w, heads)

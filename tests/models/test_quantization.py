@@ -152,7 +152,7 @@ def test_q4_1_blocks_are_the_default_models_own():
     for tensor in reader.tensors:
         if tensor.tensor_type != GGMLQuantizationType.Q4_1 or not tensor.name.startswith(("blk.0.", "blk.29.")):
             continue
-        shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
+        shape = tuple(reversed(tensor.shape))
         raw = torch.from_numpy(tensor.data.copy()).view(torch.uint8).reshape(-1, 20)
         q, d, m = q4_1_blocks(dequantize(tensor.data, tensor.tensor_type, shape))
         assert torch.equal(d.reshape(-1).view(torch.uint8), raw[:, :2].reshape(-1)), tensor.name
