@@ -9,12 +9,15 @@ converted tokenizer is kept as a tokenizer folder and later starts load that
 """
 
 import hashlib
+import logging
 import os
 import shutil
 from pathlib import Path
 
 import transformers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+logger = logging.getLogger("amity.models")
 
 
 def _cache_root() -> Path:
@@ -28,7 +31,11 @@ def _gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     identity = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{transformers.__version__}"
     folder = _cache_root() / "tokenizers" / hashlib.sha256(identity.encode()).hexdigest()[:32]
     if (folder / "tokenizer_config.json").is_file():
-        return AutoTokenizer.from_pretrained(str(folder))
+        try:
+            return AutoTokenizer.from_pretrained(str(folder))
+        except Exception:  # noqa: BLE001 - any damage (a full disk, a hand edit): convert again
+            logger.warning("the cached tokenizer in %s cannot be read; converting the GGUF's again", folder)
+            shutil.rmtree(folder, ignore_errors=True)
     hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     # Written aside and renamed into place, so a concurrent start never reads half a folder.
     staging = folder.with_name(f"{folder.name}.{os.getpid()}.partial")

@@ -52,3 +52,14 @@ def test_a_changed_file_is_converted_again(tmp_path, monkeypatch):
     os.utime(copy, (later, later))
     Tokenizer.from_path(copy)
     assert len(list((tmp_path / "amity" / "tokenizers").iterdir())) == 2
+
+
+def test_a_damaged_cache_is_converted_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = default_model_path()
+    expected = Tokenizer.from_path(path).encode(TEXTS[2])
+    [folder] = (tmp_path / "amity" / "tokenizers").iterdir()
+    (folder / "tokenizer.json").write_text('{"truncated')
+    assert Tokenizer.from_path(path).encode(TEXTS[2]) == expected
+    assert Tokenizer.from_path(path).encode(TEXTS[2]) == expected  # from the folder written again
+    assert (folder / "tokenizer.json").stat().st_size > 1000
