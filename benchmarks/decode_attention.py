@@ -1,5 +1,5 @@
 """The decode attention kernel alone (`torch.ops.amity.paged_attention`), as a 32-stream
-decode step of the default model calls it: 32 sequences of 128-256 keys in 16-token
+decode step of the default model calls it (`--seqs` for other batches): 32 sequences of 128-256 keys in 16-token
 blocks scattered through the pool, 9 query heads on 3 KV heads of 64, one call per
 layer, each layer with its own cache (so the step reads from memory, as the engine's
 does). Prints, per cache dtype, the median milliseconds of the layers' calls and the
@@ -7,6 +7,7 @@ K/V bytes they read per second.
 
     TORCH_EXTENSIONS_DIR=/work/ext .venv/bin/python benchmarks/decode_attention.py --dtypes float32 float16
     .venv/bin/python benchmarks/decode_attention.py --layers 1 --rounds 300   # one layer's 10 MB: from L3, not memory
+    .venv/bin/python benchmarks/decode_attention.py --seqs 1 --rounds 300     # a single stream's calls
 """
 
 import argparse
@@ -18,7 +19,7 @@ import torch
 from amity.models.attention import as_cached, kv_row_elements
 from amity.models.cpu_kernels import load_cpu_kernels
 
-NUM_SEQS, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 9, 3, 64, 16
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 
 
 def main() -> None:
@@ -27,7 +28,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seqs", type=int, default=32, help="sequences a call (1: a single stream's step)")
     args = parser.parse_args()
+    NUM_SEQS = args.seqs
     load_cpu_kernels()
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)

@@ -34,7 +34,8 @@ def _median_ms(seconds: list[float]) -> float:
     return round(statistics.median(seconds) * 1e3, 3)
 
 
-def measure(compile_mode: str, kv_cache_memory: str, kv_cache_dtype: str, num_threads: int | None) -> dict:
+def measure(compile_mode: str, kv_cache_memory: str, kv_cache_dtype: str, num_threads: int | None,
+            model: str | None) -> dict:
     import torch
 
     from amity.config import EngineConfig
@@ -42,7 +43,7 @@ def measure(compile_mode: str, kv_cache_memory: str, kv_cache_dtype: str, num_th
     from amity.engine.sampling_params import SamplingParams
 
     started = time.perf_counter()
-    engine = LLMEngine(EngineConfig(compile=compile_mode, kv_cache_memory=kv_cache_memory,
+    engine = LLMEngine(EngineConfig(model=model, compile=compile_mode, kv_cache_memory=kv_cache_memory,
                                     kv_cache_dtype=kv_cache_dtype, num_threads=num_threads))
     result = {"build_s": round(time.perf_counter() - started, 1)}
     tokens = torch.Generator().manual_seed(0)
@@ -106,6 +107,7 @@ def main() -> None:
     parser.add_argument("--compile", default="true", help="the engine's --compile: true, false or auto")
     parser.add_argument("--kv-cache-memory", default="512MiB")
     parser.add_argument("--kv-cache-dtype", default="auto")
+    parser.add_argument("--model", default=None, help="the engine's --model (default: the default model)")
     parser.add_argument("--omp-wait-policy", default="bounded", help="as `amity serve`'s (the default)")
     parser.add_argument("--num-threads", type=int, default=None,
                         help="torch threads (default: all cores); 1 on a machine other work keeps busy")
@@ -113,7 +115,8 @@ def main() -> None:
     if args.measure:
         from amity.omp_wait_policy import apply_omp_wait_policy  # before torch loads
         apply_omp_wait_policy(args.omp_wait_policy)
-        print(json.dumps(measure(args.compile, args.kv_cache_memory, args.kv_cache_dtype, args.num_threads)))
+        print(json.dumps(measure(args.compile, args.kv_cache_memory, args.kv_cache_dtype, args.num_threads,
+                                 args.model)))
     elif args.trees:
         trees = [tuple(tree.split("=", 1)) for tree in args.trees]
         passthrough = ["--compile", args.compile, "--kv-cache-memory", args.kv_cache_memory,
@@ -121,6 +124,8 @@ def main() -> None:
                        "--omp-wait-policy", args.omp_wait_policy]
         if args.num_threads:
             passthrough += ["--num-threads", str(args.num_threads)]
+        if args.model:
+            passthrough += ["--model", args.model]
         print(json.dumps(compare(trees, args.rounds, passthrough), indent=1))
     else:
         parser.error("--measure or --trees")
