@@ -582,8 +582,10 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
               " elements, not ", row_elems, " for head_dim ", head_dim);
   const float scale_f = static_cast<float>(scale);
 
-  // Threads pay off only past a few thousand key rows: a batch-1 decode stays on
-  // one thread rather than wake the pool for microseconds of work.
+  // Threads pay off past a few hundred key rows (times KV heads): a single stream's
+  // decode reads its K and V from memory, the step's weights having evicted them,
+  // and one core alone waits on those misses; a handful of rows stays on one thread
+  // rather than wake the pool for microseconds of work.
   int64_t num_key_rows = 0, most_key_rows = 0;
   for (const Rows& piece : pieces) {
     num_key_rows += context_lens[piece.seq] * piece.count;
@@ -591,7 +593,7 @@ void attend_in_place(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   }
   // Items are handed out one at a time (dynamic): contexts differ in length, and a
   // thread that loses its core to the server's event loop leaves its items to the other.
-  const bool parallel = num_key_rows * num_kv_heads >= 1024;
+  const bool parallel = num_key_rows * num_kv_heads >= 256;
   // An item is one KV head of a piece, or all of them where no piece is more than half
   // a thread's share: then one core reads each key's whole slot row (every head's
   // K or V, one stretch of memory) rather than two cores each fetching the lines
