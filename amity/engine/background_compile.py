@@ -40,6 +40,29 @@ logger = logging.getLogger("amity.engine")
 
 
 COMPILE_SWITCH_INTERVAL_S = 5e-5
+# Compiles under way in this process (a test may build engines side by side) and the
+# interval to give back when the last one ends.
+_compiles_lock = threading.Lock()
+_compiles_running = 0
+_usual_switch_interval_s = sys.getswitchinterval()
+
+
+def _compile_started() -> None:
+    global _compiles_running, _usual_switch_interval_s
+    with _compiles_lock:
+        if _compiles_running == 0:
+            _usual_switch_interval_s = sys.getswitchinterval()
+            sys.setswitchinterval(COMPILE_SWITCH_INTERVAL_S)
+        _compiles_running += 1
+
+
+def _compile_ended() -> None:
+    global _compiles_running
+    with _compiles_lock:
+        _compiles_running -= 1
+        if _compiles_running == 0:
+            sys.setswitchinterval(_usual_switch_interval_s)
+
 
 # Held by an fx trace (on the compile thread) and by an eager step (on the engine
 # thread) while a background compile runs; reentrant, as traces nest.
@@ -84,8 +107,7 @@ class BackgroundCompile:
         logger.info("compiling the model in the background (--compile auto); serving the "
                     "eager model meanwhile (the first compile on a machine takes minutes)")
         _serialize_fx_traces()
-        self._switch_interval_s = sys.getswitchinterval()
-        sys.setswitchinterval(COMPILE_SWITCH_INTERVAL_S)
+        _compile_started()
         self._thread = threading.Thread(target=self._compile, args=(model, kv_cache),
                                         name="amity-compile", daemon=True)
         self._thread.start()
@@ -103,7 +125,7 @@ class BackgroundCompile:
                         "graphs", time.perf_counter() - started)
             self._ready = forward
         finally:
-            sys.setswitchinterval(self._switch_interval_s)
+            _compile_ended()
         self._done.set()
 
     def wait(self, timeout_s: float | None = None) -> bool:
