@@ -74,6 +74,23 @@ def test_every_value_type_and_tensor_layout(tmp_path):
     assert ours.tensors[2].data.shape == (4, 68)  # a row of Q8_0 blocks per row
 
 
+def test_arrays_of_arrays_keep_their_shape(tmp_path):
+    # The format allows them (llama.cpp writes none); gguf-py's contents() flattens them.
+    path = tmp_path / "nested.gguf"
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_array("t.ints", [[1, 2], [3]])
+    w.add_array("t.strs", [["a", "b"], ["c"]])
+    w.add_tensor("after", np.arange(8, dtype=np.float32).reshape(2, 4))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ours = GgufFile(path)
+    assert [a.tolist() for a in ours.fields["t.ints"]] == [[1, 2], [3]]
+    assert [list(a) for a in ours.fields["t.strs"]] == [["a", "b"], ["c"]]
+    assert ours.tensors[0].data.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]  # offsets past them hold
+
+
 def test_the_default_model_reads_as_gguf_py_reads_it():
     _assert_same(SMOLLM2)
 
