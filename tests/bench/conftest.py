@@ -69,7 +69,10 @@ class PacedServer:
         try:
             t0 = time.perf_counter()
             for k in range(n):
-                await asyncio.sleep(max(0.0, t0 + TTFT + k * ITL - time.perf_counter()))
+                # Until the schedule is reached: uvloop's timers count whole milliseconds
+                # and may wake a fraction of one early.
+                while (wait_s := t0 + TTFT + k * ITL - time.perf_counter()) > 0:
+                    await asyncio.sleep(wait_s)
                 yield self.frame([{"index": 0, "text": f" w{k}", "token": k}])
             yield self.frame([{"index": 0, "text": "", "finish_reason": "length"}])
             yield self.frame([], usage)
