@@ -76,13 +76,14 @@ def quantize_rows(x: torch.Tensor) -> torch.Tensor:
     KV_GROUP values round(x / scale) with scale = the group's largest magnitude / 127,
     then the scales' bytes (the kernel's quantize_row; a group of zeros has scale 0,
     a group with a NaN zeros)."""
-    values, scales = [], []
-    for group in x.split(KV_GROUP, -1):
-        scale = group.abs().amax(-1, keepdim=True) / 127
-        units = torch.round(group / scale)
-        values.append(torch.where((scale > 0) & (units.abs() <= 127), units, 0).to(torch.int8))
-        scales.append(scale)
-    return torch.cat([*values, torch.cat(scales, -1).contiguous().view(torch.int8)], -1)
+    head_dim = x.shape[-1]
+    num_groups = -(-head_dim // KV_GROUP)
+    # A short last group padded with zeros, which change no group's largest magnitude.
+    groups = F.pad(x, (0, num_groups * KV_GROUP - head_dim)).unflatten(-1, (num_groups, KV_GROUP))
+    scales = groups.abs().amax(-1, keepdim=True) / 127
+    units = torch.round(groups / scales)
+    units = torch.where((scales > 0) & (units.abs() <= 127), units, 0).flatten(-2)[..., :head_dim]
+    return torch.cat([units.to(torch.int8), scales.squeeze(-1).contiguous().view(torch.int8)], -1)
 
 
 def dequantize_rows(rows: torch.Tensor, head_dim: int) -> torch.Tensor:

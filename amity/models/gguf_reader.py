@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-# Metadata value types (gguf's GGUFValueType): struct formats of the fixed-size ones.
-_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+# Metadata value types (gguf's GGUFValueType): the fixed-size ones' little-endian dtypes.
+_SCALARS = {code: np.dtype(kind) for code, kind in (
+    (0, "<u1"), (1, "<i1"), (2, "<u2"), (3, "<i2"), (4, "<u4"), (5, "<i4"), (6, "<f4"), (7, "?"),
+    (10, "<u8"), (11, "<i8"), (12, "<f8"))}
 _STRING, _ARRAY = 8, 9
-_NUMPY = {"B": np.uint8, "b": np.int8, "H": np.uint16, "h": np.int16, "I": np.uint32, "i": np.int32,
-          "f": np.float32, "?": np.bool_, "Q": np.uint64, "q": np.int64, "d": np.float64}
 # Tensor types gguf-py gives as typed arrays; the rest are bytes.
 _TYPED = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16,
           GGMLQuantizationType.F64: np.float64, GGMLQuantizationType.I8: np.int8,
@@ -112,8 +112,8 @@ class GgufFile:
         if value_type == _STRING:
             return _string(buffer, offset)
         if value_type in _SCALARS:
-            fmt = _SCALARS[value_type]
-            return struct.unpack_from("<" + fmt, buffer, offset)[0], offset + struct.calcsize(fmt)
+            dtype = _SCALARS[value_type]
+            return self._map[offset:offset + dtype.itemsize].view(dtype)[0].item(), offset + dtype.itemsize
         if value_type != _ARRAY:
             raise ValueError(f"{self.path}: unknown GGUF value type {value_type}")
         item_type, count = struct.unpack_from("<IQ", buffer, offset)
@@ -121,7 +121,7 @@ class GgufFile:
         if item_type == _STRING:
             return StringArray(buffer, offset, count), _skip_strings(buffer, offset, count)
         if item_type in _SCALARS:
-            dtype = np.dtype(_NUMPY[_SCALARS[item_type]])
+            dtype = _SCALARS[item_type]
             values = self._map[offset:offset + count * dtype.itemsize].view(dtype)
             return values, offset + count * dtype.itemsize
         values = []  # arrays of arrays: none in llama.cpp's files, but the format allows them

