@@ -116,8 +116,12 @@ struct Problem {
 };
 
 // P panels x M tokens from token m0, input pairs [k0, k1), continuing the chains in
-// out unless k0 is 0.
-template <int P, int M>
+// out unless k0 is 0. `prefetch`: ask for each panel's rows about 1 KiB ahead. A
+// blocked tile (many tokens, a block of k at a time) gains from it; a direct tile
+// (few tokens over all of k) streams as fast without, and loses to it up to a
+// tenth at one token: the hardware prefetchers follow its streams, and the extra
+// requests compete with them (benchmarks/README.md, session 26).
+template <int P, int M, bool prefetch>
 void tile(const Problem& pb, int64_t panel, int64_t m0, int64_t k0, int64_t k1) {
   Acc acc[M][P][2];
   for (int m = 0; m < M; ++m)
@@ -128,9 +132,10 @@ void tile(const Problem& pb, int64_t panel, int64_t m0, int64_t k0, int64_t k1) 
   for (int64_t k = k0; k < k1; ++k) {
     const uint16_t* row = pb.w + panel * panel_stride + k * 2 * NR;
 #ifdef AMITY_AVX512_BF16
-    for (int p = 0; p < P; ++p)  // about 1 KiB ahead in each panel's stream
-      _mm_prefetch(reinterpret_cast<const char*>(row + p * panel_stride + 8 * 2 * NR), _MM_HINT_T0),
-      _mm_prefetch(reinterpret_cast<const char*>(row + p * panel_stride + 8 * 2 * NR + 32), _MM_HINT_T0);
+    if constexpr (prefetch)
+      for (int p = 0; p < P; ++p)
+        _mm_prefetch(reinterpret_cast<const char*>(row + p * panel_stride + 8 * 2 * NR), _MM_HINT_T0),
+        _mm_prefetch(reinterpret_cast<const char*>(row + p * panel_stride + 8 * 2 * NR + 32), _MM_HINT_T0);
 #endif
     for (int m = 0; m < M; ++m) {
       const uint32_t x_pair = pb.x[(m0 + m) * pb.K2 + k];
@@ -147,7 +152,7 @@ template <int M, int P>
 void direct_of(int64_t size, const Problem& pb, int64_t panel) {
   if constexpr (P > 1)
     if (size < P) return direct_of<M, P - 1>(size, pb, panel);
-  tile<P, M>(pb, panel, 0, 0, pb.K2);
+  tile<P, M, false>(pb, panel, 0, 0, pb.K2);
 }
 
 // All T (<= MR) tokens over panels [begin, end), in tiles of at most panels_for(T).
@@ -164,7 +169,7 @@ void direct(const Problem& pb, int64_t begin, int64_t end) {
 
 template <int M>
 void blocked_tokens(const Problem& pb, int64_t panel, int64_t m0, int64_t k0, int64_t k1) {
-  tile<1, M>(pb, panel, m0, k0, k1);
+  tile<1, M, true>(pb, panel, m0, k0, k1);
 }
 
 void blocked(const Problem& pb, int64_t begin, int64_t end) {

@@ -196,10 +196,14 @@ void tile(const uint8_t* panel, int64_t K, const Activations& a, int64_t m0, flo
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   for (int64_t b = 0; b < num_blocks; ++b) {
     const uint8_t* block = panel + b * L::block_bytes;
-    // Prefetched well ahead: one core's demand misses alone read memory at a
-    // fraction of its bandwidth on this kind of machine.
-    for (int64_t line = 0; line < L::block_bytes; line += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(block + L::ahead * L::block_bytes + line), _MM_HINT_T0);
+    // Prefetched well ahead where a panel's blocks take long to compute (three
+    // tokens or more): one core's demand misses alone read memory at a fraction of
+    // its bandwidth on this kind of machine. For one or two tokens the hardware
+    // prefetchers keep up, and the extra requests cost 4-9% (benchmarks/README.md,
+    // session 26).
+    if constexpr (M > 2)
+      for (int64_t line = 0; line < L::block_bytes; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(block + L::ahead * L::block_bytes + line), _MM_HINT_T0);
     __m512i sum[M][2];
     for (int m = 0; m < M; ++m) sum[m][0] = sum[m][1] = _mm512_setzero_si512();
     // Straight-line: rolled, gcc moves the sums between registers every quad
