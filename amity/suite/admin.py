@@ -6,11 +6,14 @@ import json
 import logging
 
 from amity.config import StoreConfig, add_action, from_namespace
-from amity.suite import accounts
-from amity.suite.store.database import open_database
 
 
 def _run(args: argparse.Namespace) -> None:
+    # Here, not at the top: every `amity` command builds this parser (`amity serve`
+    # too), and sqlalchemy with alembic take about 0.4 s to import.
+    from amity.suite import accounts
+    from amity.suite.store.database import open_database
+
     logging.getLogger("alembic").setLevel(logging.WARNING)  # stdout/stderr stay the answer
     sessions = open_database(from_namespace(StoreConfig, args))
     with sessions.begin() as session:

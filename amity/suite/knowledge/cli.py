@@ -2,26 +2,32 @@
 embedding happens there): `create --name N FILE...` prints the new base's id, `add`,
 `list`, `delete`, and `retrieve` for a quick look."""
 
+from __future__ import annotations
+
 import argparse
 import json
 import os
 from pathlib import Path
-
-import httpx
+from typing import TYPE_CHECKING
 
 from amity.config import SuiteClientConfig, add_action, from_namespace
 
-TIMEOUT = httpx.Timeout(connect=10.0, read=600.0, write=600.0, pool=10.0)
+if TYPE_CHECKING:
+    import httpx
 
 
 def _client(config: SuiteClientConfig) -> httpx.Client:
+    # Here, not at the top: every `amity` command builds this parser (`amity serve` too).
+    import httpx
+
     token = config.token or os.environ.get("FRIENDLI_TOKEN")
     if not token:
         raise ValueError("give --token or set FRIENDLI_TOKEN")
     headers = {"Authorization": f"Bearer {token}"}
     if config.team:
         headers["X-Friendli-Team"] = config.team
-    return httpx.Client(base_url=config.suite_url.rstrip("/"), headers=headers, timeout=TIMEOUT,
+    timeout = httpx.Timeout(connect=10.0, read=600.0, write=600.0, pool=10.0)
+    return httpx.Client(base_url=config.suite_url.rstrip("/"), headers=headers, timeout=timeout,
                         trust_env=False)
 
 
