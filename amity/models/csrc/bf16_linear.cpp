@@ -118,9 +118,9 @@ struct Problem {
 // P panels x M tokens from token m0, input pairs [k0, k1), continuing the chains in
 // out unless k0 is 0. `prefetch`: ask for each panel's rows about 1 KiB ahead. A
 // blocked tile (many tokens, a block of k at a time) gains from it; a direct tile
-// (few tokens over all of k) streams as fast without, and loses to it up to a
-// tenth at one token: the hardware prefetchers follow its streams, and the extra
-// requests compete with them (benchmarks/README.md, session 26).
+// (few tokens over all of k) runs 1.1-1.2x faster without: the hardware
+// prefetchers follow its streams, and the extra requests compete with them
+// (benchmarks/README.md, session 26).
 template <int P, int M, bool prefetch>
 void tile(const Problem& pb, int64_t panel, int64_t m0, int64_t k0, int64_t k1) {
   Acc acc[M][P][2];
