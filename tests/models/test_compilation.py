@@ -28,6 +28,7 @@ from amity.engine.sampling_params import SamplingParams
 from amity.models.attention import AttentionMetadata
 from amity.models.compilation import CompiledForward
 from amity.models.cpu_kernels import load_cpu_kernels
+from amity.models.graph_call import GraphCalls
 from amity.models.loader import load_model
 from amity.models.quantization import Bf16Linear, PackedLinear, q4_1_linear
 
@@ -95,6 +96,31 @@ def test_compiled_engine_matches_eager(tiny_llama_path):
     written = eager.kv_cache.flatten(2).abs().sum(-1) > 0  # [layer, K/V]: any slot written
     assert written.all()
     torch.testing.assert_close(compiled.kv_cache, eager.kv_cache, atol=1e-4, rtol=0)
+
+
+def test_steps_call_the_compiled_graphs_directly(tiny_llama_path, monkeypatch):
+    """graph_call.py: once dynamo has compiled a graph, the steps its guards admit call
+    it without dynamo, with dynamo's results to the bit; a parameter replaced on its
+    module is read anew there, as dynamo's own code reads it."""
+    def run_and_replace_norm(engine):
+        first = _run(engine, engine.vocab_size)
+        norm = engine.model.model.norm
+        norm.weight = torch.nn.Parameter(norm.weight.detach() * 1.5)
+        return first, _run(engine, engine.vocab_size)
+
+    engine = _engine(tiny_llama_path, compile="true")
+    compiled, calls = engine.runner.forward, []
+    engine.runner.forward = lambda *args: (calls.append(1), compiled(*args))[1]
+    graphs = compiled._graphs
+    assert len(graphs._direct) == 2  # warm_up's two graphs, both taken in
+    before = graphs.direct_calls
+    direct = run_and_replace_norm(engine)
+    assert graphs.direct_calls - before == len(calls) > 0  # every step
+    monkeypatch.setattr(GraphCalls, "call", lambda self, f_locals: None)  # every step through dynamo
+    through_dynamo = run_and_replace_norm(_engine(tiny_llama_path, compile="true"))
+    for got, expected in zip(direct, through_dynamo):
+        assert got == expected
+    assert direct[0] != direct[1]  # the replaced weight took effect
 
 
 def test_second_compiled_model_keeps_its_own_graphs(tiny_llama_path):
